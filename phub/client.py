@@ -1,0 +1,401 @@
+"""The worker side: `phub.connect()` and the key-value API a training loop calls.
+
+A `Client` holds one connection per lane (see chunking.py) and a background I/O thread that
+drives all of them, so a caller can hand over a layer's gradient as soon as backward produces it
+(`pushpull_async`) and keep computing while its chunks are in flight. Results are written by the
+I/O thread straight into the caller's output array, chunk by chunk, as the server pushes them:
+there are no pull requests.
+
+Blocking calls (`connect`, `init`, `pushpull`, `Handle.wait`, `close`) take a timeout (default:
+the client's `timeout`) and raise `PHubTimeout` naming what is missing; a lost worker or server
+raises `JobFailed` in every waiting call, naming the cause.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import Dict, Hashable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import wire
+from .chunking import ChunkPlan, Topology
+from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
+from .optim import Optimizer
+from .transport import Link, LinkClosed, connect as tcp_connect, parse_address
+
+DEFAULT_TIMEOUT = 300.0
+
+# The environment `phub launch` gives every worker (and `phub.connect()` reads).
+ENV_SERVER, ENV_RANK, ENV_WORKERS = "PHUB_SERVER", "PHUB_RANK", "PHUB_NUM_WORKERS"
+ENV_JOB, ENV_TOKEN, ENV_TIMEOUT = "PHUB_JOB", "PHUB_TOKEN", "PHUB_TIMEOUT"
+
+
+class Handle:
+    """An operation in flight. `wait()` blocks until it is done and returns its result array."""
+
+    __slots__ = ("_client", "_remaining", "_event", "_result", "_what", "_chunks")
+
+    def __init__(self, client: "Client", remaining: int, result, what: str, chunks: Sequence[int]):
+        self._client = client
+        self._remaining = remaining
+        self._event = threading.Event()
+        self._result = result
+        self._what = what
+        self._chunks = chunks
+        if remaining == 0:
+            self._event.set()
+
+    def _arrived(self) -> None:  # called by the I/O thread only
+        self._remaining -= 1
+        if self._remaining == 0:
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: Optional[float] = None):
+        """Block until done (or `timeout` seconds, default the client's); JobFailed / PHubTimeout."""
+        timeout = self._client.timeout if timeout is None else timeout
+        if not self._event.wait(timeout):
+            self._client._check_failed()
+            missing = [c for c in self._chunks if c in self._client._expect]
+            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+            raise PHubTimeout(f"{self._what} timed out after {timeout:g} s; "
+                              f"{self._remaining} result(s) missing (chunks {shown or 'none'}, or a READY)")
+        self._client._check_failed()
+        return self._result
+
+
+def _as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
+        raise ConfigError(f"{name} for key {key!r} must be a C-contiguous float32 numpy array")
+    if size is not None and array.size != size:
+        raise ConfigError(f"{name} for key {key!r} has {array.size} elements, the key was registered with {size}")
+    return array.reshape(-1)
+
+
+class Client:
+    """A worker's connection to a PHub server (one per process)."""
+
+    def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
+                 timeout: float = DEFAULT_TIMEOUT):
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
+        if not isinstance(rank, int) or not 0 <= rank < num_workers:
+            raise ConfigError(f"rank must be in [0, {num_workers}), got {rank!r}")
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.rank, self.num_workers, self.job_id, self.timeout = rank, num_workers, job_id, timeout
+        self._token = token
+        self._error: Optional[PHubError] = None
+        self._closing = False
+        self._expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, iteration, handle)
+        self._ready_waiters: Dict[int, Handle] = {}  # batch -> handle counting READY frames
+        self._iterations: Dict[Hashable, int] = {}
+        self._chunk_nbytes: List[int] = []
+        self._inflight: Dict[Hashable, Handle] = {}
+        self._commands: deque = deque()
+        self._wake_pending = False
+        self._lock = threading.Lock()
+
+        welcome = self._discover(parse_address(address))
+        self.topology = Topology(len(welcome["interfaces"]), welcome["cores"], welcome["lanes_per_pair"])
+        self.plan = ChunkPlan(self.topology, welcome["chunk_bytes"])
+        self._selector = selectors.DefaultSelector()
+        self._links: List[Link] = []
+        try:
+            for lane in range(self.topology.lanes):
+                host, port = welcome["endpoints"][self.topology.lane_core(lane)][self.topology.lane_interface(lane)]
+                self._links.append(self._open_lane(lane, (host, port)))
+        except BaseException:
+            for link in self._links:
+                link.close()
+            raise
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._io_loop, name=f"phub-io-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- connection setup (blocking, before the I/O thread exists) ---------------------------
+    def _hello(self, sock: socket.socket, lane: int) -> dict:
+        hello = {"job": self.job_id, "token": self._token, "rank": self.rank,
+                 "num_workers": self.num_workers, "lane": lane}
+        sock.sendall(wire.control_frame(wire.Kind.HELLO, self.job_id, self.rank, hello))
+        head = self._recv_exact(sock, wire.HEADER_BYTES)
+        header = wire.decode_header(head)
+        body = wire.decode_json(header, self._recv_exact(sock, header.length))
+        if header.kind is wire.Kind.ERROR:
+            raise JobFailed(f"the server refused rank {self.rank}: {body.get('message')}")
+        if header.kind is not wire.Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME from the server, got {header.kind.name}")
+        return body
+
+    @staticmethod
+    def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = sock.recv_into(view[got:])
+            if k == 0:
+                raise JobFailed("the server closed the connection during the handshake")
+            got += k
+        return buf
+
+    def _discover(self, address) -> dict:
+        sock = tcp_connect(address, self.timeout)
+        try:
+            sock.settimeout(self.timeout)
+            return self._hello(sock, -1)
+        except socket.timeout:
+            raise PHubTimeout(f"no answer from the phub server at {address[0]}:{address[1]} "
+                              f"within {self.timeout:g} s") from None
+        finally:
+            sock.close()
+
+    def _open_lane(self, lane: int, address) -> Link:
+        sock = tcp_connect(tuple(address), self.timeout)
+        sock.settimeout(self.timeout)
+        try:
+            self._hello(sock, lane)
+        except BaseException:
+            sock.close()
+            raise
+        return Link(sock, self._selector, lambda h, lane=lane: self._payload_target(h, lane), self._on_frame)
+
+    # -- public API -------------------------------------------------------------------------
+    def init(self, keys, values) -> None:
+        """Register arrays and agree on their initial values; rank 0's values win.
+
+        `keys`/`values` are one key (int or str) and one float32 array, or sequences of both.
+        Blocks until the server holds the initial weights and `values` hold rank 0's values.
+        Every worker must make the same `init` calls in the same order.
+        """
+        if isinstance(keys, (list, tuple)):
+            pairs = list(zip(keys, values))
+            if len(pairs) != len(keys) or len(keys) != len(values):
+                raise ConfigError("init: keys and values must have the same length")
+        else:
+            pairs = [(keys, values)]
+        for key, _ in pairs:
+            if isinstance(key, bool) or not isinstance(key, (int, str)):
+                raise ConfigError(f"keys must be int or str, got {key!r}")
+        arrays = {key: _as_float32("init value", key, value) for key, value in pairs}
+        self._check_failed()
+        batch = len(self.plan.batches)
+        new = self.plan.add_arrays([(key, arr.shape) for key, arr in arrays.items()])
+        self._chunk_nbytes = self.plan.chunk_nbytes()  # replaced whole: the I/O thread reads it
+        flat = {key: arr.reshape(-1) for key, arr in arrays.items()}
+        handle = Handle(self, len(new) + len(self._links), None, f"init of batch {batch}", [c.id for c in new])
+        self._ready_waiters[batch] = handle
+        for chunk in new:
+            self._iterations.setdefault(chunk.key, 0)
+            dest = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
+            self._expect[chunk.id] = (dest, 0, handle)
+        register = {"batch": batch, "arrays": [[k, int(a.size)] for k, a in arrays.items()]}
+        frames = []
+        for lane in range(len(self._links)):
+            frames.append((lane, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, register, batch)))
+        if self.rank == 0:
+            for chunk in new:
+                data = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
+                header = wire.pack_header(wire.Kind.INIT, self.job_id, 0, chunk.id, 0, chunk.nbytes)
+                frames.append((chunk.lane, header, data))
+        self._submit(frames)
+        handle.wait()
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Run `optimizer` on the server from the next push on (only rank 0's call takes effect,
+        as in MXNet; calling it again, e.g. with a new learning rate, replaces it). Does not block."""
+        if not isinstance(optimizer, Optimizer):
+            raise ConfigError(f"set_optimizer takes a phub optimizer (NAG, SGD, Aggregate), got {optimizer!r}")
+        self._check_failed()
+        if self.rank == 0:
+            self._submit([(lane, wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, 0, optimizer.to_dict()))
+                          for lane in range(len(self._links))])
+
+    def pushpull_async(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None) -> Handle:
+        """Push `grad` for `key`; the returned handle's `wait()` gives `out` holding the result
+        (new weights, or the aggregate). `out` defaults to `grad` itself (overwritten in place).
+        Neither array may be touched until the handle is done. A second push of the same key
+        first waits for the previous one."""
+        chunks = self.plan.key_chunks(key)
+        size = self.plan.key_size(key)
+        grad_flat = _as_float32("gradient", key, grad, size)
+        out = grad if out is None else out
+        out_flat = _as_float32("output", key, out, size)
+        previous = self._inflight.get(key)
+        if previous is not None and not previous.done():
+            previous.wait()
+        self._check_failed()
+        iteration = self._iterations[key] + 1
+        self._iterations[key] = iteration
+        handle = Handle(self, len(chunks), out, f"pushpull of key {key!r} (iteration {iteration})",
+                        [c.id for c in chunks])
+        frames = []
+        job, rank, push = self.job_id, self.rank, wire.Kind.PUSH
+        for chunk in chunks:
+            start, stop = chunk.offset, chunk.offset + chunk.size
+            self._expect[chunk.id] = (memoryview(out_flat[start:stop]).cast("B"), iteration, handle)
+            frames.append((chunk.lane, wire.pack_header(push, job, rank, chunk.id, iteration, chunk.nbytes),
+                           memoryview(grad_flat[start:stop]).cast("B")))
+        self._inflight[key] = handle
+        self._submit(frames)
+        return handle
+
+    def pushpull(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None,
+                 timeout: Optional[float] = None) -> np.ndarray:
+        """Push a gradient and block until the result is in `out` (default: `grad`); returns it."""
+        return self.pushpull_async(key, grad, out).wait(timeout)
+
+    def wait_all(self, timeout: Optional[float] = None) -> None:
+        """Block until every pushpull issued so far is done."""
+        for handle in list(self._inflight.values()):
+            handle.wait(timeout)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Finish in-flight work, tell the server this worker is done, and close. Idempotent."""
+        if self._closing:
+            return
+        try:
+            if self._error is None:
+                self.wait_all(timeout)
+                self._submit([(lane, wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
+                              for lane in range(len(self._links))])
+        finally:
+            self._closing = True
+            self._wake()
+            self._thread.join(self.timeout if timeout is None else timeout)
+            for link in self._links:
+                link.flush_blocking(1.0)
+                link.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None and self._error is None:
+            self._abort(f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
+        self.close()
+
+    # -- I/O thread -----------------------------------------------------------------------------
+    def _submit(self, frames: List[tuple]) -> None:
+        self._commands.append(frames)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _abort(self, message: str) -> None:
+        """Tell the server this worker gives up (best effort), so the others stop at once."""
+        frame = wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message})
+        self._submit([(lane, frame) for lane in range(len(self._links))])
+
+    def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
+        wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
+        if header.kind is not wire.Kind.RESULT:
+            raise ProtocolError(f"the server sent a {header.kind.name} data frame")
+        wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
+        expected = self._expect.get(header.chunk)
+        if expected is None or expected[1] != header.iteration:
+            raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
+        return expected[0]
+
+    def _on_frame(self, link: Link, frame: wire.Frame) -> None:
+        kind = frame.header.kind
+        if kind is wire.Kind.RESULT:
+            _, _, handle = self._expect.pop(frame.header.chunk)
+            handle._arrived()
+        elif kind is wire.Kind.READY:
+            self._ready_waiters[frame.json()["batch"]]._arrived()
+        elif kind is wire.Kind.ERROR:
+            raise JobFailed(frame.json().get("message", "the server reported an error"))
+        else:
+            raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
+
+    def _io_loop(self) -> None:
+        try:
+            while True:
+                for key, mask in self._selector.select(timeout=1.0):
+                    if key.data is None:
+                        self._drain_commands()
+                    else:
+                        key.data.service(mask)
+                if self._closing and not self._commands and not any(l.outq for l in self._links):
+                    return
+        except LinkClosed as exc:
+            if not self._closing:
+                self._fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
+        except (JobFailed, ProtocolError) as exc:
+            self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
+        except Exception as exc:  # a bug: fail loudly rather than hang the caller
+            self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
+
+    def _drain_commands(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        with self._lock:
+            self._wake_pending = False
+        links = self._links
+        while self._commands:
+            for frame in self._commands.popleft():
+                links[frame[0]].send(*frame[1:])
+
+    def _fail(self, error: PHubError) -> None:
+        if self._error is None:
+            self._error = error
+        for _, _, handle in list(self._expect.values()):
+            handle._event.set()
+        for handle in self._ready_waiters.values():
+            handle._event.set()
+
+    def _check_failed(self) -> None:
+        if self._error is not None:
+            raise JobFailed(f"rank {self.rank}: {self._error}")
+        if self._closing:
+            raise PHubError("the client is closed")
+
+
+def connect(address: Optional[str] = None, rank: Optional[int] = None, num_workers: Optional[int] = None,
+            job_id: Optional[int] = None, token: Optional[str] = None, timeout: Optional[float] = None) -> Client:
+    """Connect this worker to its PHub server. Arguments not given come from the environment
+    `phub launch` sets (PHUB_SERVER, PHUB_RANK, PHUB_NUM_WORKERS, PHUB_JOB, PHUB_TOKEN, PHUB_TIMEOUT).
+
+    Blocks until every lane is connected (at most `timeout` per step); raises ConfigError for a
+    missing or malformed setting, JobFailed if the server refuses (wrong job or token), OSError if
+    it cannot be reached.
+    """
+    def env(name, given, convert, default=None):
+        if given is not None:
+            return given
+        text = os.environ.get(name)
+        if text is None:
+            if default is not None:
+                return default
+            raise ConfigError(f"{name} is not set: pass it to phub.connect() or start workers with `phub launch`")
+        try:
+            return convert(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not a valid value") from None
+
+    return Client(env(ENV_SERVER, address, str), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
+                  env(ENV_JOB, job_id, int, 0), env(ENV_TOKEN, token, str, ""),
+                  env(ENV_TIMEOUT, timeout, float, DEFAULT_TIMEOUT))

@@ -1,0 +1,189 @@
+"""Framing: the bytes on a connection, with no I/O in this module.
+
+Every frame is a fixed 32-byte header followed by `length` payload bytes. Data frames (PUSH, INIT,
+RESULT) carry exactly one chunk of float32 values; control frames carry a small JSON object.
+
+Receiving is zero-copy: `FrameReceiver` tells the transport which buffer the next bytes must go
+into (`buffer()`), and for a data frame that buffer is a view of the chunk's final home (a
+per-worker server slot, or the caller's output array). The transport only moves bytes:
+
+    n = sock.recv_into(receiver.buffer())
+    frame = receiver.received(n)      # a Frame once one is complete, else None
+
+A header that breaks the rules raises `ProtocolError` before a single payload byte is written.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+from .errors import ProtocolError
+
+MAGIC = b"PHUB"
+VERSION = 1
+SERVER_SENDER = 0xFFFFFFFF  # the `sender` field of frames a server sends
+MAX_CONTROL_BYTES = 1 << 24  # a registration of ~100k arrays still fits
+
+_HEADER = struct.Struct("<4sBBHIIIIII")
+HEADER_BYTES = _HEADER.size  # 32
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1  # client -> server, JSON: job, token, rank, lane (or -1: discovery only)
+    WELCOME = 2  # server -> client, JSON: the server's cores, interfaces and endpoints
+    REGISTER = 3  # client -> server, JSON: a batch of arrays (key, elements)
+    INIT = 4  # rank 0 -> server, data: initial weights of one chunk
+    READY = 5  # server -> client, JSON: a registered batch is initialized on this lane
+    OPTIMIZER = 6  # rank 0 -> server, JSON: optimizer or aggregation mode for the job
+    PUSH = 7  # client -> server, data: one chunk of a gradient
+    RESULT = 8  # server -> client, data: one chunk of new weights (or of the aggregate)
+    BYE = 9  # client -> server: clean close
+    ERROR = 10  # either way, JSON {"message": ...}: the sender gives up on the job
+
+
+DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT})
+_KIND_VALUES = frozenset(int(k) for k in Kind)
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: Kind
+    job: int
+    sender: int
+    chunk: int
+    iteration: int
+    length: int
+    flags: int = 0
+
+    def pack(self) -> bytes:
+        return pack_header(self.kind, self.job, self.sender, self.chunk, self.iteration, self.length, self.flags)
+
+
+@dataclass(frozen=True)
+class Frame:
+    header: Header
+    payload: Union[memoryview, bytearray]
+
+    def json(self) -> dict:
+        """The payload of a control frame, decoded; ProtocolError if it is not a JSON object."""
+        return decode_json(self.header, self.payload)
+
+
+def pack_header(kind, job, sender, chunk, iteration, length, flags=0) -> bytes:
+    return _HEADER.pack(MAGIC, VERSION, int(kind), flags, job, sender, chunk, iteration, length, 0)
+
+
+def control_frame(kind: Kind, job: int, sender: int, obj: dict, chunk: int = 0) -> bytes:
+    """A whole control frame (header + JSON payload) ready to send."""
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    return pack_header(kind, job, sender, chunk, 0, len(body)) + body
+
+
+def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
+    """Parse and check the parts of a header that need no context (magic, version, kind, size)."""
+    if len(raw) != HEADER_BYTES:
+        raise ProtocolError(f"a header is {HEADER_BYTES} bytes, got {len(raw)}")
+    magic, version, kind, flags, job, sender, chunk, iteration, length, _ = _HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): not a phub peer")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {VERSION})")
+    if kind not in _KIND_VALUES:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    kind = Kind(kind)
+    if kind not in DATA_KINDS and length > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"{kind.name} frame of {length} bytes exceeds the {MAX_CONTROL_BYTES}-byte limit")
+    return Header(kind, job, sender, chunk, iteration, length, flags)
+
+
+def decode_json(header: Header, payload) -> dict:
+    try:
+        obj = json.loads(bytes(payload))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"{header.kind.name} frame carries invalid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{header.kind.name} frame must carry a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def check_sender(header: Header, *, job: int, sender: int, num_workers: Optional[int] = None) -> None:
+    """Reject a frame from the wrong job or the wrong rank (a connection speaks for one of each)."""
+    if header.job != job:
+        raise ProtocolError(f"{header.kind.name} frame for job {header.job} on a connection of job {job}")
+    if num_workers is not None and header.sender != SERVER_SENDER and header.sender >= num_workers:
+        raise ProtocolError(
+            f"{header.kind.name} frame from rank {header.sender}, outside the job's {num_workers} workers"
+        )
+    if header.sender != sender:
+        raise ProtocolError(f"{header.kind.name} frame claims sender {header.sender} on the connection of {sender}")
+
+
+def check_chunk(header: Header, chunk_nbytes: Sequence[int], allowed: Callable[[int], bool]) -> None:
+    """Reject a data frame whose chunk id is out of range, not carried here, or of the wrong length."""
+    if not 0 <= header.chunk < len(chunk_nbytes):
+        raise ProtocolError(
+            f"{header.kind.name} frame for chunk {header.chunk}, but the plan has chunks 0..{len(chunk_nbytes) - 1}"
+        )
+    if not allowed(header.chunk):
+        raise ProtocolError(f"{header.kind.name} frame for chunk {header.chunk}, which this connection does not carry")
+    expected = chunk_nbytes[header.chunk]
+    if header.length != expected:
+        raise ProtocolError(
+            f"{header.kind.name} frame for chunk {header.chunk} has {header.length} payload bytes, the plan says {expected}"
+        )
+
+
+# Where a data frame's payload goes: given its (already decoded) header, return a writable byte view
+# of exactly `header.length` bytes, or raise ProtocolError. Control frames are buffered internally.
+PayloadTarget = Callable[[Header], memoryview]
+
+
+class FrameReceiver:
+    """Incremental frame parser for one connection (sans-IO, zero-copy for data payloads)."""
+
+    __slots__ = ("_target", "_head", "_head_view", "_header", "_payload", "_view", "_filled")
+
+    def __init__(self, payload_target: PayloadTarget):
+        self._target = payload_target
+        self._head = bytearray(HEADER_BYTES)
+        self._head_view = memoryview(self._head)
+        self._header: Optional[Header] = None
+        self._payload = None
+        self._view = self._head_view
+        self._filled = 0
+
+    def buffer(self) -> memoryview:
+        """The writable view the next received bytes must be written into (never empty)."""
+        return self._view[self._filled:]
+
+    @property
+    def idle(self) -> bool:
+        """True between frames (a connection closing now loses nothing half-received)."""
+        return self._header is None and self._filled == 0
+
+    def received(self, n: int) -> Optional[Frame]:
+        """Account for `n` bytes written into `buffer()`; return the frame they complete, if any."""
+        self._filled += n
+        if self._filled < len(self._view):
+            return None
+        if self._header is None:
+            header = decode_header(self._head)
+            if header.kind in DATA_KINDS:
+                view = self._target(header)
+                if len(view) != header.length:  # a bug in the target, not in the peer
+                    raise AssertionError(f"payload target gave {len(view)} bytes for {header.length}")
+                payload = view
+            else:
+                payload = bytearray(header.length)
+                view = memoryview(payload)
+            if header.length:
+                self._header, self._payload, self._view, self._filled = header, payload, view, 0
+                return None
+            self._filled = 0
+            return Frame(header, payload)
+        frame = Frame(self._header, self._payload)
+        self._header, self._payload, self._view, self._filled = None, None, self._head_view, 0
+        return frame
