@@ -1,0 +1,150 @@
+"""The `phub` command: server, launch, bench, selftest."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from .chunking import DEFAULT_CHUNK_BYTES
+from .errors import ConfigError, PHubError
+
+
+def _interfaces(text: str):
+    items = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one IPv4 address")
+    return items
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _add_server_options(parser: argparse.ArgumentParser, cores_flag: str) -> None:
+    parser.add_argument(cores_flag, dest="cores", type=_positive_int, default=1,
+                        help="server processes, one per core (default 1)")
+    parser.add_argument("--interfaces", type=_interfaces, default=("127.0.0.1",),
+                        help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
+                             "(default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0,
+                        help="base port: core C listens on PORT+C on every interface (default 0: ephemeral)")
+    parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+                        help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
+    parser.add_argument("--lanes-per-pair", type=_positive_int, default=1,
+                        help="connections per worker for each (interface, core) pair (default 1)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a job may stall (and a blocking worker call may wait) before it fails "
+                             "(default 300)")
+
+
+def _server_config(args, jobs, once: bool):
+    from .server import ServerConfig
+
+    return ServerConfig(jobs=tuple(jobs), interfaces=args.interfaces, cores=args.cores, port=args.port,
+                        lanes_per_pair=args.lanes_per_pair, chunk_bytes=args.chunk_bytes, once=once,
+                        timeout=args.timeout)
+
+
+def cmd_server(args) -> int:
+    from .server import JobSpec, Server
+
+    jobs = [JobSpec.parse(text) for text in args.job] or [JobSpec(0, args.workers)]
+    server = Server(_server_config(args, jobs, args.once)).start()
+    print(json.dumps({"event": "ready", "address": server.address, "endpoints": server.endpoints}), flush=True)
+    try:
+        return server.wait() or 0
+    except KeyboardInterrupt:
+        server.stop()
+        return 130
+
+
+def cmd_launch(args) -> int:
+    from .launch import run_job
+    from .server import JobSpec
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("phub launch: give the worker command after --")
+    result = run_job(command, args.workers, _server_config(args, [JobSpec(0, args.workers)], True))
+    if result.status:
+        print(f"phub launch: {result.failed}; stopped the other processes", file=sys.stderr)
+    return result.status
+
+
+def cmd_bench_exchange(args) -> int:
+    from .bench import run_exchange
+
+    if args.system != "phub":
+        raise ConfigError(f"--system {args.system}: only 'phub' is available so far")
+    row = run_exchange(args.model, args.workers, args.iterations, args.warmup, args.verify, args.cores,
+                       args.interfaces, args.chunk_bytes, args.timeout)
+    summary = (f"{row['system']} {row['model']}: {row['workers']} workers, {row['bytes_per_worker'] / 1e6:.1f} MB "
+               f"each, {row['seconds_per_iteration'] * 1e3:.1f} ms per exchange (median of {row['iterations']}), "
+               f"{row['exchanges_per_s']:.2f} exchanges/s, verified={row['verified']}")
+    print(summary, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(row))
+    return 0
+
+
+def cmd_selftest(args) -> int:
+    from .bench import run_exchange
+    from .kernels import FAST_AVAILABLE
+
+    row = run_exchange("synthetic:2", workers=2, iterations=3, verify=True, cores=2, timeout=60, quiet=True)
+    ok = row["verified"] and FAST_AVAILABLE
+    print(json.dumps({"selftest": "ok" if ok else "failed", "fast_kernels": FAST_AVAILABLE,
+                      "verified": row["verified"]}))
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phub", description="PHub: a rack-scale parameter server")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    server = sub.add_parser("server", help="run a server alone (for clusters); prints a JSON 'ready' line")
+    _add_server_options(server, "--cores")
+    server.add_argument("--job", action="append", default=[], metavar="ID:WORKERS[:TOKEN]",
+                        help="a job to accept (repeatable); default: job 0 with --workers workers")
+    server.add_argument("--workers", type=_positive_int, default=1, help="workers of the default job 0")
+    server.add_argument("--once", action="store_true", help="exit when every job has ended")
+    server.set_defaults(func=cmd_server)
+
+    launch = sub.add_parser("launch", help="start a server and N workers running CMD on this machine")
+    launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
+    _add_server_options(launch, "--server-cores")
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    launch.set_defaults(func=cmd_launch)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    exchange = bench.add_parser("exchange", help="time pushpull exchanges of a model's gradient layout")
+    exchange.add_argument("--system", default="phub", help="system under test (default phub)")
+    exchange.add_argument("--model", default="resnet50", help="model layout, or synthetic:SIZE_MB")
+    exchange.add_argument("--workers", type=_positive_int, default=2)
+    exchange.add_argument("--iterations", type=_positive_int, default=10)
+    exchange.add_argument("--warmup", type=int, default=1)
+    exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
+    exchange.add_argument("--json", action="store_true", help="print the result row as JSON (last line)")
+    _add_server_options(exchange, "--cores")
+    exchange.set_defaults(func=cmd_bench_exchange)
+
+    selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")
+    selftest.set_defaults(func=cmd_selftest)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, PHubError, OSError) as exc:
+        print(f"phub: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
