@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import List, Optional
 
@@ -54,12 +55,20 @@ def cmd_server(args) -> int:
 
     jobs = [JobSpec.parse(text) for text in args.job] or [JobSpec(0, args.workers)]
     server = Server(_server_config(args, jobs, args.once)).start()
-    print(json.dumps({"event": "ready", "address": server.address, "endpoints": server.endpoints}), flush=True)
+    print(json.dumps({"event": "ready", "address": server.address, "endpoints": server.endpoints,
+                      "pids": server.pids}), flush=True)
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         return server.wait() or 0
     except KeyboardInterrupt:
-        server.stop()
+        print("phub server: stopping on signal", file=sys.stderr, flush=True)
         return 130
+    finally:
+        server.stop()
 
 
 def cmd_launch(args) -> int:

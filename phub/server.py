@@ -392,6 +392,11 @@ class Server:
         host, port = self.endpoints[0][0]
         return f"{host}:{port}"
 
+    @property
+    def pids(self) -> List[int]:
+        """Process ids of the cores."""
+        return [p.pid for p in self._processes]
+
     def start(self) -> "Server":
         """Bind every endpoint and start the cores; OSError names an address that cannot be bound."""
         listeners: List[List[socket.socket]] = []

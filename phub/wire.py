@@ -102,7 +102,7 @@ def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
 def decode_json(header: Header, payload) -> dict:
     try:
         obj = json.loads(bytes(payload))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # Recursion: deeply nested JSON
         raise ProtocolError(f"{header.kind.name} frame carries invalid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"{header.kind.name} frame must carry a JSON object, got {type(obj).__name__}")

@@ -1,0 +1,62 @@
+"""A test worker: registers known arrays, pushes known gradients for K steps, saves what it got.
+
+Parameters come as JSON in PHUB_TEST: sizes (list of shapes), steps, optimizer (dict or null for
+the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes).
+Rank r's gradient for array a at step s is (r + 1) * s * pattern(a): exact sums in float32.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+import phub
+from phub.optim import optimizer_from_dict
+
+
+def pattern(size, seed, period=11, scale=1 / 32):
+    return (((np.arange(size) + seed) % period - period // 2) * scale).astype(np.float32)
+
+
+def initial(size, seed):
+    return pattern(size, seed, period=7, scale=1 / 8) + np.float32(1.0)
+
+
+def main():
+    params = json.loads(os.environ["PHUB_TEST"])
+    kv = phub.connect()
+    rank = kv.rank
+    shapes = [tuple(s) for s in params["sizes"]]
+    keys = [f"array{i}" for i in range(len(shapes))]
+    rng = np.random.default_rng(rank)
+    weights = [initial(int(np.prod(s)), i).reshape(s) if rank == 0 else
+               rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)]
+    kv.init(keys, weights)
+    if params.get("optimizer"):
+        kv.set_optimizer(optimizer_from_dict(params["optimizer"]))
+    saved = {f"init{i}": w.copy() for i, w in enumerate(weights)}
+    for step in range(1, params["steps"] + 1):
+        grads = [pattern(w.size, i).reshape(w.shape) * np.float32((rank + 1) * step) for i, w in enumerate(weights)]
+        if params.get("optimizer"):
+            outs = weights
+        else:
+            outs = [np.empty_like(w) for w in weights]
+        handles = [kv.pushpull_async(k, g, out=o) for k, g, o in reversed(list(zip(keys, grads, outs)))]
+        for h in handles:
+            h.wait()
+        if not params.get("optimizer"):
+            for i, o in enumerate(outs):
+                saved[f"sum{step}_{i}"] = o.copy()
+        if params.get("announce"):
+            print(f"step {step}", flush=True)
+    kv.close()
+    for i, w in enumerate(weights):
+        saved[f"final{i}"] = w
+    path = os.path.join(params["out_dir"], f"rank{rank}.npz")
+    np.savez(path + ".tmp.npz", **saved)
+    os.replace(path + ".tmp.npz", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
