@@ -19,7 +19,7 @@ test: venv
 	$(PY) -m pytest -q
 
 paper: venv
-	@echo "The pipeline (issue: Snakemake pipeline) has not landed yet; see README.md." >&2
+	@echo "make paper: the reproduction pipeline has not landed yet (see README.md, Status)." >&2
 	@exit 2
 
 clean:
