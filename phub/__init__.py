@@ -10,7 +10,8 @@ from .chunking import ChunkPlan, Topology
 from .client import Client, Handle, connect
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .optim import NAG, SGD, Aggregate, Optimizer
-from .server import JobSpec, Server, ServerConfig
+from .config import JobSpec, ServerConfig
+from .server import Server
 
 __version__ = "0.1.0"
 

@@ -51,33 +51,46 @@ class ChunkState:
 
 @dataclass(frozen=True)
 class ReadyLane:
-    """A registered batch is initialized on this lane: send its chunks' weights, then READY."""
+    """Event: a registered batch is initialized on this lane: send its chunks' weights, then READY."""
 
     lane: int
     batch: int
     chunks: Tuple[ChunkState, ...]
 
 
+@dataclass(frozen=True)
+class Result:
+    """Event: a chunk's round is complete; send `state.result_view` to the lane's workers."""
+
+    state: ChunkState
+
+
 class JobState:
-    """One job's chunks on one core. Methods raise ProtocolError for anything a peer got wrong."""
+    """One job's chunks on one core. Methods raise ProtocolError for anything a peer got wrong
+    and return the events the transport must act on (lists of ReadyLane / Result / ...).
+
+    Ranks here are the job's local worker indices 0..num_workers-1.
+    """
 
     def __init__(self, job_id: int, num_workers: int, topology: Topology, chunk_bytes: int,
-                 core: int, kernels):
+                 core: int, kernels, server: int = 0, total_workers: Optional[int] = None):
         self.job_id = job_id
         self.num_workers = num_workers
+        self.total_workers = total_workers or num_workers  # over all racks (for averaging)
         self.core = core
         self.kernels = kernels
         self.plan = ChunkPlan(topology, chunk_bytes)
-        self.lanes = set(topology.core_lanes(core))
+        self.lanes = set(topology.core_lanes(core, server))
         self.owned: Dict[int, ChunkState] = {}
         self.chunk_nbytes: List[int] = []
         self.optimizer: Dict[int, Optimizer] = {lane: Aggregate() for lane in self.lanes}
         self._registered: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> ranks
         self._uninitialized: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> chunk ids
+        self._ready_sent: Set[Tuple[int, int]] = set()
         self._digests: List[str] = []
 
     # -- registration and initial weights ---------------------------------------------------
-    def register(self, rank: int, lane: int, batch: int, arrays) -> Optional[ReadyLane]:
+    def register(self, rank: int, lane: int, batch: int, arrays) -> list:
         """Rank `rank` registered batch `batch` (a list of [key, elements]) on `lane`."""
         try:
             arrays = [(key, int(n)) for key, n in arrays]
@@ -94,15 +107,15 @@ class JobState:
             for own_lane in self.lanes:
                 self._uninitialized[(own_lane, batch)] = {c.id for c in new if c.lane == own_lane}
                 self._registered[(own_lane, batch)] = set()
-        elif batch > len(self._digests) or batch < 0:
-            raise ProtocolError(f"rank {rank} registered batch {batch} before batch {len(self._digests)}")
+        elif not isinstance(batch, int) or batch > len(self._digests) or batch < 0:
+            raise ProtocolError(f"rank {rank} registered batch {batch!r} before batch {len(self._digests)}")
         elif ChunkPlan.batch_digest(arrays) != self._digests[batch]:
             raise ProtocolError(f"rank {rank} registered different arrays than the other workers for batch {batch}")
         ranks = self._registered[(lane, batch)]
         if rank in ranks:
             raise ProtocolError(f"rank {rank} registered batch {batch} twice on lane {lane}")
         ranks.add(rank)
-        return self._ready(lane, batch)
+        return self._batch_progress(batch) + self._ready(lane, batch)
 
     def _allocate(self, chunks: List[Chunk]) -> None:
         total = sum(c.size for c in chunks)
@@ -116,31 +129,46 @@ class JobState:
                                           [slots[r, offset:end] for r in range(self.num_workers)])
             offset = end
 
-    def _owned_on(self, header: wire.Header, lane: int) -> ChunkState:
+    def owned_chunk(self, header: wire.Header, lane: Optional[int] = None) -> ChunkState:
+        """The chunk a data frame is for, checked against the plan (and against `lane`, if given)."""
         wire.check_chunk(header, self.chunk_nbytes,
-                         lambda cid: cid in self.owned and self.owned[cid].chunk.lane == lane)
+                         lambda cid: cid in self.owned and (lane is None or self.owned[cid].chunk.lane == lane))
         return self.owned[header.chunk]
 
-    def init_target(self, header: wire.Header, lane: int) -> memoryview:
+    def init_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
         """Where rank 0's initial weights of a chunk go: straight into the chunk's weights."""
-        if header.sender != 0:
-            raise ProtocolError(f"INIT frame from rank {header.sender}: only rank 0 sets initial weights")
-        state = self._owned_on(header, lane)
+        if rank != 0:
+            raise ProtocolError(f"INIT frame from rank {header.sender}: only the first worker sets initial weights")
+        state = self.owned_chunk(header, lane)
         if state.chunk.id not in self._uninitialized.get((lane, state.chunk.batch), ()):
             raise ProtocolError(f"chunk {state.chunk.id} was initialized twice")
         return state.weight_view
 
-    def on_init(self, header: wire.Header, lane: int) -> Optional[ReadyLane]:
+    def on_init(self, header: wire.Header, lane: int) -> list:
         state = self.owned[header.chunk]
         self._uninitialized[(lane, state.chunk.batch)].discard(state.chunk.id)
-        return self._ready(lane, state.chunk.batch)
+        return self._batch_progress(state.chunk.batch) + self._ready(lane, state.chunk.batch)
 
-    def _ready(self, lane: int, batch: int) -> Optional[ReadyLane]:
-        if self._uninitialized[(lane, batch)] or len(self._registered[(lane, batch)]) < self.num_workers:
-            return None
+    def _lane_settled(self, lane: int, batch: int) -> bool:
+        return not self._uninitialized[(lane, batch)] and len(self._registered[(lane, batch)]) == self.num_workers
+
+    def _batch_progress(self, batch: int) -> list:
+        """Hook: events once a batch is registered (and initialized) on every lane of this core."""
+        return []
+
+    def _peers_ready(self, batch: int) -> bool:
+        """Hook: whether the other racks are ready for this batch (always, without racks)."""
+        return True
+
+    def _ready(self, lane: int, batch: int) -> list:
+        if (lane, batch) in self._ready_sent or not self._lane_settled(lane, batch) or not self._peers_ready(batch):
+            return []
+        self._ready_sent.add((lane, batch))
         chunks = tuple(s for s in self.owned.values() if s.chunk.lane == lane and s.chunk.batch == batch)
-        self._uninitialized[(lane, batch)] = {-1}  # READY is sent once
-        return ReadyLane(lane, batch, chunks)
+        return [ReadyLane(lane, batch, chunks)]
+
+    def _ready_all(self, batch: int) -> list:
+        return [event for lane in sorted(self.lanes) for event in self._ready(lane, batch)]
 
     # -- rounds ---------------------------------------------------------------------------
     def set_optimizer(self, lane: int, optimizer: Optimizer) -> None:
@@ -151,43 +179,50 @@ class JobState:
         """
         self.optimizer[lane] = optimizer
 
-    def push_target(self, header: wire.Header, lane: int) -> memoryview:
+    def push_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
         """Where a pushed chunk goes: the sender's slot, after checking it belongs there now."""
-        state = self._owned_on(header, lane)
-        if state.chunk.id in self._uninitialized.get((lane, state.chunk.batch), ()):
+        state = self.owned_chunk(header, lane)
+        if (lane, state.chunk.batch) not in self._ready_sent:
             raise ProtocolError(f"rank {header.sender} pushed chunk {header.chunk} before it was initialized")
         if header.iteration != state.rounds + 1:
             raise ProtocolError(f"rank {header.sender} pushed chunk {header.chunk} for iteration "
                                 f"{header.iteration}, expected {state.rounds + 1}")
-        if state.mask >> header.sender & 1:
+        if state.mask >> rank & 1:
             raise ProtocolError(f"rank {header.sender} pushed chunk {header.chunk} twice in iteration {header.iteration}")
-        return state.slot_views[header.sender]
+        return state.slot_views[rank]
 
-    def on_push(self, header: wire.Header) -> Optional[ChunkState]:
-        """Fold a landed push into its chunk; return the chunk when its round is complete."""
+    def on_push(self, rank: int, header: wire.Header) -> list:
+        """Fold a landed push into its chunk; return [Result] when the chunk's round is complete."""
         state = self.owned[header.chunk]
-        rank = header.sender
         state.mask |= 1 << rank
         state.arrived += 1
         if state.arrived < self.num_workers:
             self.kernels.aggregate(state.acc, state.slots[rank], state.arrived == 1)
-            return None
-        acc, last = (state.acc, state.slots[rank]) if self.num_workers > 1 else (state.slots[rank], None)
+            return []
+        if self.num_workers > 1:
+            return self._local_round_done(state, state.acc, state.slots[rank])
+        return self._local_round_done(state, state.slots[rank], None)
+
+    def _local_round_done(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> list:
+        """Hook: every local worker's copy is in (their sum is acc + last). Without racks: finish."""
+        return [self.finish_round(state, acc, last)]
+
+    def finish_round(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> Result:
+        """Run the lane's optimizer on the complete aggregate (acc + last) and close the round."""
         optimizer = self.optimizer[state.chunk.lane]
         if optimizer.needs_momentum and state.mom is None:
             state.mom = np.zeros_like(state.weight)
         if optimizer.returns_weights:
             state.result_view = state.weight_view
-        elif state.result is None:
-            state.result = np.empty_like(state.weight)
-            state.result_view = memoryview(state.result).cast("B")
         else:
+            if state.result is None:
+                state.result = np.empty_like(state.weight)
             state.result_view = memoryview(state.result).cast("B")
-        optimizer.apply(self.kernels, state.weight, state.mom, acc, last, state.result, self.num_workers)
+        optimizer.apply(self.kernels, state.weight, state.mom, acc, last, state.result, self.total_workers)
         state.rounds += 1
         state.arrived = 0
         state.mask = 0
-        return state
+        return Result(state)
 
     def pending(self) -> List[ChunkState]:
         """Chunks part-way through a round (some workers' copies are missing)."""

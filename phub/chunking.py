@@ -29,35 +29,41 @@ ITEMSIZE = 4  # float32
 
 @dataclass(frozen=True)
 class Topology:
-    """The server side of a job: interfaces (the PBox's NICs) and cores (one process each).
+    """The server side of a job: `servers` identical servers (shards; 1 for a PBox), each with
+    `interfaces` interfaces (the PBox's NICs) and `cores` cores (one process each).
 
-    `lanes_per_pair` connections are opened for every (interface, core) pair.
+    `lanes_per_pair` connections are opened for every (server, interface, core).
     """
 
     interfaces: int = 1
     cores: int = 1
     lanes_per_pair: int = 1
+    servers: int = 1
 
     def __post_init__(self):
-        for name in ("interfaces", "cores", "lanes_per_pair"):
+        for name in ("interfaces", "cores", "lanes_per_pair", "servers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Topology.{name} must be a positive integer, got {value!r}")
 
     @property
     def lanes(self) -> int:
-        return self.interfaces * self.cores * self.lanes_per_pair
+        return self.servers * self.interfaces * self.cores * self.lanes_per_pair
+
+    # Consecutive lanes walk the servers first, then the interfaces, then the cores, so that any
+    # prefix of the lanes (what the greedy placement fills first) is spread over all of them.
+    def lane_server(self, lane: int) -> int:
+        return lane % self.servers
 
     def lane_interface(self, lane: int) -> int:
-        return lane % self.interfaces
+        return lane // self.servers % self.interfaces
 
     def lane_core(self, lane: int) -> int:
-        # Consecutive lanes walk the interfaces first, then the cores, so that any prefix of the
-        # lanes (what the greedy placement fills first) is spread over both.
-        return (lane // self.interfaces) % self.cores
+        return lane // (self.servers * self.interfaces) % self.cores
 
-    def core_lanes(self, core: int) -> List[int]:
-        return [lane for lane in range(self.lanes) if self.lane_core(lane) == core]
+    def core_lanes(self, core: int, server: int = 0) -> List[int]:
+        return [lane for lane in range(self.lanes)
+                if self.lane_core(lane) == core and self.lane_server(lane) == server]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The `phub` command: server, launch, bench, selftest."""
+"""The `phub` command: server, launch, bench, selftest, doctor."""
 from __future__ import annotations
 
 import argparse
@@ -42,16 +42,25 @@ def _add_server_options(parser: argparse.ArgumentParser, cores_flag: str) -> Non
                              "(default 300)")
 
 
+def _add_transport_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=("tcp", "verbs"), default="tcp",
+                        help="how chunks move: tcp (default) or verbs (RDMA; refused at start, with the "
+                             "reason, unless `phub doctor` says it can run here)")
+
+
 def _server_config(args, jobs, once: bool):
-    from .server import ServerConfig
+    from .config import ServerConfig
 
     return ServerConfig(jobs=tuple(jobs), interfaces=args.interfaces, cores=args.cores, port=args.port,
                         lanes_per_pair=args.lanes_per_pair, chunk_bytes=args.chunk_bytes, once=once,
-                        timeout=args.timeout)
+                        timeout=args.timeout, rack=getattr(args, "rack", 0),
+                        peers=tuple(getattr(args, "peers", ()) or ()),
+                        transport=getattr(args, "transport", "tcp"))
 
 
 def cmd_server(args) -> int:
-    from .server import JobSpec, Server
+    from .config import JobSpec
+    from .server import Server
 
     jobs = [JobSpec.parse(text) for text in args.job] or [JobSpec(0, args.workers)]
     server = Server(_server_config(args, jobs, args.once)).start()
@@ -72,8 +81,8 @@ def cmd_server(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    from .config import JobSpec
     from .launch import run_job
-    from .server import JobSpec
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -111,6 +120,12 @@ def cmd_selftest(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_doctor(args) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main(as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -121,11 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a job to accept (repeatable); default: job 0 with --workers workers")
     server.add_argument("--workers", type=_positive_int, default=1, help="workers of the default job 0")
     server.add_argument("--once", action="store_true", help="exit when every job has ended")
+    _add_transport_option(server)
+    server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
+    server.add_argument("--peers", type=lambda text: tuple(p for p in text.split(",") if p), default=(),
+                        help="two-phase reduction: every rack server's HOST:PORT in rack order, this one included")
     server.set_defaults(func=cmd_server)
 
     launch = sub.add_parser("launch", help="start a server and N workers running CMD on this machine")
     launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
     _add_server_options(launch, "--server-cores")
+    _add_transport_option(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     launch.set_defaults(func=cmd_launch)
 
@@ -143,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")
     selftest.set_defaults(func=cmd_selftest)
+
+    doctor = sub.add_parser("doctor", help="what this machine can run: RDMA devices, interfaces, privileges, "
+                                           "cores, libraries, transports and experiment modes")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -84,6 +84,7 @@ class Client:
 
     def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
                  timeout: float = DEFAULT_TIMEOUT):
+        """`address`: HOST:PORT of the server, or a comma-separated list of shards' addresses."""
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_workers:
@@ -103,14 +104,26 @@ class Client:
         self._wake_pending = False
         self._lock = threading.Lock()
 
-        welcome = self._discover(parse_address(address))
-        self.topology = Topology(len(welcome["interfaces"]), welcome["cores"], welcome["lanes_per_pair"])
-        self.plan = ChunkPlan(self.topology, welcome["chunk_bytes"])
+        addresses = [part.strip() for part in address.split(",") if part.strip()]
+        if not addresses:
+            raise ConfigError("no server address given")
+        welcomes = [self._discover(parse_address(a)) for a in addresses]
+        shape = [(len(w["interfaces"]), w["cores"], w["lanes_per_pair"], w["chunk_bytes"]) for w in welcomes]
+        if len(set(shape)) != 1:
+            raise ConfigError(f"the shards {addresses} differ in (interfaces, cores, lanes per pair, "
+                              f"chunk bytes): {shape}; start them with the same options")
+        interfaces, cores, lanes_per_pair, chunk_bytes = shape[0]
+        # The first of a server's workers sets its initial weights and optimizer: rank 0, or on
+        # a rack server (two-phase reduction) the rack's first rank.
+        self._leader = self.rank == welcomes[0].get("first_rank", 0)
+        self.topology = Topology(interfaces, cores, lanes_per_pair, servers=len(welcomes))
+        self.plan = ChunkPlan(self.topology, chunk_bytes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []
         try:
             for lane in range(self.topology.lanes):
-                host, port = welcome["endpoints"][self.topology.lane_core(lane)][self.topology.lane_interface(lane)]
+                t = self.topology
+                host, port = welcomes[t.lane_server(lane)]["endpoints"][t.lane_core(lane)][t.lane_interface(lane)]
                 self._links.append(self._open_lane(lane, (host, port)))
         except BaseException:
             for link in self._links:
@@ -126,6 +139,8 @@ class Client:
     def _hello(self, sock: socket.socket, lane: int) -> dict:
         hello = {"job": self.job_id, "token": self._token, "rank": self.rank,
                  "num_workers": self.num_workers, "lane": lane}
+        if lane >= 0:
+            hello.update(shard=self.topology.lane_server(lane), shards=self.topology.servers)
         sock.sendall(wire.control_frame(wire.Kind.HELLO, self.job_id, self.rank, hello))
         head = self._recv_exact(sock, wire.HEADER_BYTES)
         header = wire.decode_header(head)
@@ -202,22 +217,23 @@ class Client:
         frames = []
         for lane in range(len(self._links)):
             frames.append((lane, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, register, batch)))
-        if self.rank == 0:
+        if self._leader:
             for chunk in new:
                 data = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
-                header = wire.pack_header(wire.Kind.INIT, self.job_id, 0, chunk.id, 0, chunk.nbytes)
+                header = wire.pack_header(wire.Kind.INIT, self.job_id, self.rank, chunk.id, 0, chunk.nbytes)
                 frames.append((chunk.lane, header, data))
         self._submit(frames)
         handle.wait()
 
     def set_optimizer(self, optimizer: Optimizer) -> None:
         """Run `optimizer` on the server from the next push on (only rank 0's call takes effect,
-        as in MXNet; calling it again, e.g. with a new learning rate, replaces it). Does not block."""
+        as in MXNet, or each rack's first rank's with two-phase reduction; calling it again, e.g.
+        with a new learning rate, replaces it). Does not block."""
         if not isinstance(optimizer, Optimizer):
             raise ConfigError(f"set_optimizer takes a phub optimizer (NAG, SGD, Aggregate), got {optimizer!r}")
         self._check_failed()
-        if self.rank == 0:
-            self._submit([(lane, wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, 0, optimizer.to_dict()))
+        if self._leader:
+            self._submit([(lane, wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
                           for lane in range(len(self._links))])
 
     def pushpull_async(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None) -> Handle:
@@ -340,11 +356,26 @@ class Client:
                     return
         except LinkClosed as exc:
             if not self._closing:
+                try:
+                    self._salvage()
+                except JobFailed as reason:
+                    self._fail(reason)
+                    return
                 self._fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
         except (JobFailed, ProtocolError) as exc:
             self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
         except Exception as exc:  # a bug: fail loudly rather than hang the caller
             self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
+
+    def _salvage(self) -> None:
+        """After a broken connection, read what the server sent before closing it: usually an
+        ERROR frame naming the cause (raised as JobFailed). The kernel keeps those bytes even
+        when our own send was what failed."""
+        for link in self._links:
+            try:
+                link.on_readable()
+            except (LinkClosed, ProtocolError, OSError):
+                continue
 
     def _drain_commands(self) -> None:
         try:

@@ -1,13 +1,19 @@
-"""Start a PHub job on this machine: the server cores plus N copies of a worker command.
+"""Start a PHub job: its server(s) and N copies of a worker command, on the nodes of a cluster.
 
-`run_job` is what `phub launch` and `phub bench` use. It blocks until the job ends: every worker
-exited 0 (returns 0), or one failed; then the rest are stopped within a bounded time and the
-status says who failed first.
+`run_job` is what `phub launch`, `phub bench` and the experiments use. Servers run as
+`phub server` processes on the cluster's server nodes (this machine by default); once each has
+printed its ready line, the workers start with the environment `phub.connect()` reads. It blocks
+until the job ends: every worker exited 0 (status 0), or a process failed; then the rest are
+stopped within a bounded time (SIGTERM, SIGKILL after 5 s) and `failed` says who failed first.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,9 +22,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from .client import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_WORKERS
-from .server import Server, ServerConfig
+from .cluster import Cluster, Node
+from .config import JobSpec, ServerConfig
+from .errors import PHubError
 
 _GRACE = 5.0  # seconds a stopped process gets between SIGTERM and SIGKILL
+READY_TIMEOUT = 60.0
 
 
 @dataclass
@@ -28,10 +37,10 @@ class JobResult:
     worker_status: Dict[int, Optional[int]] = field(default_factory=dict)
 
 
-def worker_env(server: Server, rank: int, num_workers: int, job_id: int = 0, token: str = "",
+def worker_env(address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
                timeout: Optional[float] = None) -> Dict[str, str]:
-    """The environment variables `phub.connect()` reads."""
-    env = {ENV_SERVER: server.address, ENV_RANK: str(rank), ENV_WORKERS: str(num_workers),
+    """The environment variables `phub.connect()` reads (`address`: one server, or shards joined by commas)."""
+    env = {ENV_SERVER: address, ENV_RANK: str(rank), ENV_WORKERS: str(num_workers),
            ENV_JOB: str(job_id), ENV_TOKEN: token}
     if timeout is not None:
         env[ENV_TIMEOUT] = str(timeout)
@@ -65,65 +74,146 @@ def _stop(processes: Sequence[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,
-            extra_env: Optional[Dict[str, str]] = None, prefix_output: bool = True,
-            stdout=None, stderr=None) -> JobResult:
-    """Start a server for one job and `num_workers` copies of `command`; block until all end.
+def _free_port(addresses: Sequence[str], count: int) -> int:
+    """A base port with `count` consecutive ports free on every address (rack servers need fixed ports)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((addresses[0], 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65536:
+            continue
+        try:
+            for address in addresses:
+                for port in range(base, base + count):
+                    with socket.socket() as sock:
+                        sock.bind((address, port))
+            return base
+        except OSError:
+            continue
+    raise PHubError(f"no {count} consecutive free ports on {list(addresses)}")
 
-    Worker output is streamed line by line with a `[rank R]` prefix. If a worker exits non-zero,
-    or a server core fails, every other process is stopped (SIGTERM, then SIGKILL after 5 s).
-    """
-    from .server import JobSpec
 
-    config = config or ServerConfig(jobs=(JobSpec(0, num_workers),), once=True)
+def server_configs(cluster: Cluster, config: ServerConfig, num_workers: int) -> List[ServerConfig]:
+    """The configuration of each server node: one job, the node's interfaces, its rack."""
     spec = config.jobs[0]
-    server = Server(config).start()
+    if not cluster.hierarchical:
+        job = JobSpec(spec.job_id, num_workers, spec.token)
+        return [dataclasses.replace(config, jobs=(job,), interfaces=node.addresses, once=True)
+                for node in cluster.servers]
+    port = config.port or cluster.extra.get("port") or _free_port(
+        [a for node in cluster.servers for a in node.addresses], config.cores)
+    peers = tuple(f"{node.addresses[0]}:{port}" for node in cluster.servers)
+    configs = []
+    for rack, node in enumerate(cluster.servers):
+        ranks = [w for w, worker in enumerate(cluster.workers) if worker.rack == rack]
+        if ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+            raise PHubError(f"rack {rack}'s workers must have consecutive ranks, got {ranks}")
+        job = JobSpec(spec.job_id, len(ranks), spec.token, ranks[0], num_workers)
+        configs.append(dataclasses.replace(config, jobs=(job,), interfaces=node.addresses, once=True,
+                                           port=port, rack=rack, peers=peers))
+    return configs
+
+
+def _start_server(node: Node, config: ServerConfig, stderr_sink, prefix: str) -> tuple:
+    argv = node.argv([sys.executable, "-m", "phub", "server", *config.to_argv()])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    threading.Thread(target=_pump, args=(proc.stderr, prefix, stderr_sink), daemon=True).start()
+    return proc
+
+
+def _await_ready(proc: subprocess.Popen, node: Node) -> dict:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            return json.loads(line)
+        if proc.poll() is not None:
+            break
+    raise PHubError(f"the phub server on {node.name} did not start (status {proc.poll()}); see its output above")
+
+
+def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,
+            cluster: Optional[Cluster] = None, extra_env: Optional[Dict[str, str]] = None,
+            prefix_output: bool = True, stdout=None, stderr=None) -> JobResult:
+    """Run one job on `cluster` (default: one server on `config.interfaces` of this machine and
+    `num_workers` local workers); block until it ends. Worker output is streamed line by line
+    with a `[rank R]` prefix, servers' with `[server NAME]`."""
+    config = config or ServerConfig()
+    if cluster is None:
+        cluster = Cluster((Node("server", config.interfaces),),
+                          tuple(Node(f"worker{w}", ("127.0.0.1",)) for w in range(num_workers)))
+    if len(cluster.workers) != num_workers:
+        raise PHubError(f"the cluster has {len(cluster.workers)} worker nodes for {num_workers} workers")
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    spec = config.jobs[0]
     processes: List[subprocess.Popen] = []
-    pumps: List[threading.Thread] = []
+    servers: Dict[str, subprocess.Popen] = {}
     result = JobResult(0)
-    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGTERM,)}
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        for rank in range(num_workers):
+        addresses = []
+        for node, node_config in zip(cluster.servers, server_configs(cluster, config, num_workers)):
+            proc = _start_server(node, node_config, stderr, f"[server {node.name}] " if prefix_output else "")
+            servers[node.name] = proc
+            processes.append(proc)
+        for node in cluster.servers:
+            addresses.append(_await_ready(servers[node.name], node)["address"])
+            threading.Thread(target=_pump, args=(servers[node.name].stdout, "", open(os.devnull, "w")),
+                             daemon=True).start()
+        workers = []
+        for rank, node in enumerate(cluster.workers):
+            address = ",".join(addresses[cluster.servers.index(s)] for s in cluster.servers_of(rank))
             env = dict(os.environ, **(extra_env or {}),
-                       **worker_env(server, rank, num_workers, spec.job_id, spec.token, config.timeout))
-            proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       **worker_env(address, rank, num_workers, spec.job_id, spec.token, config.timeout))
+            proc = subprocess.Popen(node.argv(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
+            workers.append(proc)
             processes.append(proc)
             tag = f"[rank {rank}] " if prefix_output else ""
             for stream, sink in ((proc.stdout, stdout), (proc.stderr, stderr)):
-                pump = threading.Thread(target=_pump, args=(stream, tag, sink), daemon=True)
-                pump.start()
-                pumps.append(pump)
-        running = dict(enumerate(processes))
-        while running and result.status == 0:
-            for rank, proc in list(running.items()):
-                code = proc.poll()
-                if code is None:
-                    continue
-                del running[rank]
-                result.worker_status[rank] = code
-                if code != 0:
-                    result.status, result.failed = 1, f"rank {rank} exited with status {code}"
-            if result.status == 0 and running:
-                server_status = server.wait(timeout=0.05)
-                if server_status not in (None, 0):
-                    result.status, result.failed = 1, "the phub server failed"
-        if result.status == 0:
-            server_status = server.wait(timeout=30.0)
-            if server_status != 0:
-                result.status = 1
-                result.failed = "the phub server did not finish cleanly" if server_status else \
-                    "the phub server did not exit within 30 s after the workers"
+                threading.Thread(target=_pump, args=(stream, tag, sink), daemon=True).start()
+        result = _supervise(workers, servers)
     except KeyboardInterrupt:
         result.status, result.failed = 130, "interrupted"
+    except PHubError as exc:
+        result.status, result.failed = 1, str(exc)
     finally:
         _stop(processes)
-        server.stop()
-        for pump in pumps:
-            pump.join(2.0)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for rank, proc in enumerate(processes):
-        result.worker_status.setdefault(rank, proc.returncode)
+        signal.signal(signal.SIGTERM, previous)
+    return result
+
+
+def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Popen]) -> JobResult:
+    """Wait for the workers, then the servers; stop at the first failure."""
+    result = JobResult(0)
+    running = dict(enumerate(workers))
+    while running:
+        for rank, proc in list(running.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del running[rank]
+            result.worker_status[rank] = code
+            if code != 0:
+                result.status, result.failed = 1, f"rank {rank} exited with status {code}"
+                return result
+        for name, proc in servers.items():
+            code = proc.poll()
+            if code not in (None, 0):
+                result.status, result.failed = 1, f"the phub server on {name} failed (status {code})"
+                return result
+        time.sleep(0.05)  # polling interval of the supervisor, not a synchronization
+    deadline = time.monotonic() + 30.0
+    for name, proc in servers.items():
+        try:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            result.status, result.failed = 1, f"the phub server on {name} did not exit within 30 s after the workers"
+            return result
+        if code != 0:
+            result.status, result.failed = 1, f"the phub server on {name} did not finish cleanly (status {code})"
+            return result
     return result

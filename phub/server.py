@@ -16,99 +16,38 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import wire
-from .aggregation import ChunkState, JobState, ReadyLane
-from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
+from .aggregation import ChunkState, JobState, ReadyLane, Result
+from .config import Endpoint, JobSpec, ServerConfig
 from .errors import ConfigError, ProtocolError
+from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
 from .kernels import get_backend
 from .optim import optimizer_from_dict
 from .transport import Link, LinkClosed
-
-Endpoint = Tuple[str, int]
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A job the server accepts: its id, how many workers it has, and the token they present."""
-
-    job_id: int = 0
-    num_workers: int = 1
-    token: str = ""
-
-    def __post_init__(self):
-        if not isinstance(self.job_id, int) or not 0 <= self.job_id < 2**32:
-            raise ConfigError(f"JobSpec.job_id must be an integer in [0, 2**32), got {self.job_id!r}")
-        if not isinstance(self.num_workers, int) or not 1 <= self.num_workers <= 4096:
-            raise ConfigError(f"JobSpec.num_workers must be an integer in [1, 4096], got {self.num_workers!r}")
-        if not isinstance(self.token, str):
-            raise ConfigError("JobSpec.token must be a string")
-
-    @classmethod
-    def parse(cls, text: str) -> "JobSpec":
-        """`ID:WORKERS[:TOKEN]`, as the `--job` option takes it."""
-        parts = text.split(":", 2)
-        try:
-            return cls(int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "")
-        except (IndexError, ValueError):
-            raise ConfigError(f"--job {text!r}: expected ID:WORKERS[:TOKEN]") from None
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Validated server parameters. `timeout` bounds how long a job may stall before it is failed."""
-
-    jobs: Tuple[JobSpec, ...] = (JobSpec(),)
-    interfaces: Tuple[str, ...] = ("127.0.0.1",)
-    cores: int = 1
-    port: int = 0
-    lanes_per_pair: int = 1
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    once: bool = False  # exit when every job has ended (what the launcher wants)
-    timeout: float = 300.0
-    kernels: str = "auto"
-
-    def __post_init__(self):
-        object.__setattr__(self, "jobs", tuple(self.jobs))
-        object.__setattr__(self, "interfaces", tuple(self.interfaces))
-        if not self.jobs:
-            raise ConfigError("ServerConfig.jobs: at least one job is needed")
-        ids = [j.job_id for j in self.jobs]
-        if len(set(ids)) != len(ids):
-            raise ConfigError(f"ServerConfig.jobs: job ids must be distinct, got {ids}")
-        if not self.interfaces or len(set(self.interfaces)) != len(self.interfaces):
-            raise ConfigError(f"ServerConfig.interfaces must be distinct addresses, got {list(self.interfaces)}")
-        for address in self.interfaces:
-            try:
-                socket.inet_aton(address)
-            except OSError:
-                raise ConfigError(f"ServerConfig.interfaces: {address!r} is not an IPv4 address") from None
-        Topology(len(self.interfaces), self.cores, self.lanes_per_pair)  # validates both counts
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536 - self.cores:
-            raise ConfigError(f"ServerConfig.port must be 0 (ephemeral) or a free base port, got {self.port!r}")
-        chunk_elements(self.chunk_bytes)
-        if not self.timeout > 0:
-            raise ConfigError(f"ServerConfig.timeout must be > 0 seconds, got {self.timeout!r}")
-
-    @property
-    def topology(self) -> Topology:
-        return Topology(len(self.interfaces), self.cores, self.lanes_per_pair)
-
 
 def _log(message: str) -> None:
     print(f"phub server: {message}", file=sys.stderr, flush=True)
 
 
 class _Job:
-    """A job as one core sees it: the aggregation state plus the connections of its lanes."""
+    """A job as one core sees it: the aggregation state plus its connections.
 
-    def __init__(self, spec: JobSpec, state: JobState, lanes: List[int]):
+    The state is created by the job's first lane HELLO, which says how many shards the workers
+    spread the job over and which one this server is (every later HELLO must agree), or, on a
+    rack server, by whichever comes first: a worker or another rack.
+    """
+
+    def __init__(self, spec: JobSpec):
         self.spec = spec
-        self.state = state
-        self.links: Dict[int, List[Optional[Link]]] = {lane: [None] * spec.num_workers for lane in lanes}
-        self.said_bye: set = set()  # (lane, rank)
+        self.state: Optional[JobState] = None
+        self.shard: Tuple[int, int] = (0, 1)  # (this server's index, number of shards)
+        self.links: Dict[int, List[Optional[Link]]] = {}  # lane -> link per local worker
+        self.peer_links: Dict[int, Link] = {}  # rack -> link to that rack's server (same core)
+        self.rack_backlog: Dict[int, list] = {}  # rack -> frames to send once it has connected
+        self.said_bye: set = set()  # (lane, local rank) of workers that closed cleanly
+        self.racks_done: set = set()  # racks whose server said it has finished the job
         self.ended: Optional[str] = None  # None while running; "" = finished cleanly; else the error
         self.last_progress = time.monotonic()
         self.stall_reported = False
@@ -116,18 +55,21 @@ class _Job:
     def live_links(self):
         for lane_links in self.links.values():
             yield from (link for link in lane_links if link is not None and not link.closed)
+        yield from (link for link in self.peer_links.values() if not link.closed)
 
 
 class _Peer:
     """What a server-side connection has proven about itself (nothing until its HELLO)."""
 
-    __slots__ = ("interface", "job", "rank", "lane")
+    __slots__ = ("interface", "job", "rank", "local", "lane", "rack")
 
     def __init__(self, interface: int):
         self.interface = interface
         self.job: Optional[_Job] = None
-        self.rank = -1
+        self.rank = -1  # the worker's rank in the job (-1: another rack's server)
+        self.local = -1  # its index among this server's workers
         self.lane = -1
+        self.rack = -1  # another rack's index, on a link between rack servers
 
 
 class Core:
@@ -138,14 +80,8 @@ class Core:
         self.config = config
         self.core = core
         self.endpoints = endpoints
-        self.topology = config.topology
-        self.lanes = self.topology.core_lanes(core)
-        kernels = get_backend(config.kernels)
-        self.jobs: Dict[int, _Job] = {
-            spec.job_id: _Job(spec, JobState(spec.job_id, spec.num_workers, self.topology,
-                                             config.chunk_bytes, core, kernels), self.lanes)
-            for spec in config.jobs
-        }
+        self.kernels = get_backend(config.kernels)
+        self.jobs: Dict[int, _Job] = {spec.job_id: _Job(spec) for spec in config.jobs}
         self.selector = selectors.DefaultSelector()
         for interface, listener in enumerate(listeners):
             listener.setblocking(False)
@@ -168,133 +104,243 @@ class Core:
                 except ProtocolError as exc:
                     self._bad_peer(link, str(exc))
             self._check_stalls()
-        failed = [job for job in self.jobs.values() if job.ended]
-        return 1 if failed else 0
+        for job in self.jobs.values():  # the other racks may still be reading our last partials
+            for link in job.peer_links.values():
+                link.flush_blocking(self.config.timeout)
+        return 1 if any(job.ended for job in self.jobs.values()) else 0
 
     def _accept(self, listener: socket.socket, interface: int) -> None:
         try:
             sock, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        peer = _Peer(interface)
+        self._add_link(sock, _Peer(interface))
+
+    def _add_link(self, sock: socket.socket, peer: _Peer) -> Link:
         link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame)
         self.peers[link] = peer
+        return link
 
     # -- frames -----------------------------------------------------------------------------
     def _payload_target(self, peer: _Peer, header: wire.Header) -> memoryview:
-        if peer.job is None:
+        job = peer.job
+        if job is None:
             raise ProtocolError(f"{header.kind.name} data frame before HELLO")
-        wire.check_sender(header, job=peer.job.spec.job_id, sender=peer.rank, num_workers=peer.job.spec.num_workers)
+        if peer.rack >= 0:
+            wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
+            if header.kind is wire.Kind.PARTIAL:
+                return job.state.partial_target(peer.rack, header)
+            if header.kind is wire.Kind.INIT:
+                return job.state.peer_init_target(peer.rack, header)
+            raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
         if header.kind is wire.Kind.PUSH:
-            return peer.job.state.push_target(header, peer.lane)
+            return job.state.push_target(peer.local, header, peer.lane)
         if header.kind is wire.Kind.INIT:
-            return peer.job.state.init_target(header, peer.lane)
+            return job.state.init_target(peer.local, header, peer.lane)
         raise ProtocolError(f"a worker may not send {header.kind.name} frames")
 
     def _on_frame(self, link: Link, frame: wire.Frame) -> None:
         peer = self.peers[link]
         header = frame.header
         kind = header.kind
-        if kind is wire.Kind.PUSH:
-            job = peer.job
+        job = peer.job
+        if kind is wire.Kind.PUSH:  # the hot path first
             job.last_progress = time.monotonic()
-            state = job.state.on_push(header)
-            if state is not None:
-                self._send_result(job, state)
+            self._act(job, job.state.on_push(peer.local, header))
             return
         if kind is wire.Kind.HELLO:
             self._hello(link, peer, frame.json())
             return
-        job = peer.job
         if job is None:
             raise ProtocolError(f"{kind.name} frame before HELLO")
-        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.num_workers)
         job.last_progress = time.monotonic()
+        if peer.rack >= 0:
+            self._on_rack_frame(job, peer, frame)
+            return
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
         if kind is wire.Kind.INIT:
-            self._send_ready(job, job.state.on_init(header, peer.lane))
+            self._act(job, job.state.on_init(header, peer.lane))
         elif kind is wire.Kind.REGISTER:
             body = frame.json()
-            self._send_ready(job, job.state.register(peer.rank, peer.lane, body.get("batch"), body.get("arrays", ())))
+            self._act(job, job.state.register(peer.local, peer.lane, body.get("batch"), body.get("arrays", ())))
         elif kind is wire.Kind.OPTIMIZER:
-            if peer.rank != 0:
-                raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only rank 0 sets the optimizer")
+            if peer.local != 0:
+                raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only the first worker sets the optimizer")
             try:
                 job.state.set_optimizer(peer.lane, optimizer_from_dict(frame.json()))
             except ConfigError as exc:
-                raise ProtocolError(f"rank 0 sent an invalid optimizer: {exc}") from None
+                raise ProtocolError(f"rank {peer.rank} sent an invalid optimizer: {exc}") from None
         elif kind is wire.Kind.BYE:
-            job.said_bye.add((peer.lane, peer.rank))
-            if len(job.said_bye) == len(self.lanes) * job.spec.num_workers:
+            job.said_bye.add((peer.lane, peer.local))
+            if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
+                self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
         elif kind is wire.Kind.ERROR:
-            message = frame.json().get("message", "")
-            self._fail(job, f"rank {peer.rank} gave up: {message}")
+            self._fail(job, f"rank {peer.rank} gave up: {frame.json().get('message', '')}")
         else:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
+
+    def _on_rack_frame(self, job: _Job, peer: _Peer, frame: wire.Frame) -> None:
+        header = frame.header
+        if header.kind is wire.Kind.ERROR:  # whoever it claims to be from: the job is over
+            return self._fail(job, f"rack {peer.rack} failed: {frame.json().get('message', '')}")
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
+        if header.kind is wire.Kind.PARTIAL:
+            self._act(job, job.state.on_partial(peer.rack, header))
+        elif header.kind is wire.Kind.INIT:
+            self._act(job, job.state.on_peer_init(header))
+        elif header.kind is wire.Kind.PEER_READY:
+            self._act(job, job.state.on_peer_ready(peer.rack, frame.json().get("batch")))
+        elif header.kind is wire.Kind.BYE:
+            job.racks_done.add(peer.rack)
+        else:
+            raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
 
     def _hello(self, link: Link, peer: _Peer, hello: dict) -> None:
         if peer.job is not None:
             raise ProtocolError("HELLO sent twice on one connection")
         job = self.jobs.get(hello.get("job"))
         if job is None:
-            self._refuse(link, f"job {hello.get('job')!r} is not registered on this server")
-            return
+            return self._refuse(link, f"job {hello.get('job')!r} is not registered on this server")
         if hello.get("token", "") != job.spec.token:
-            self._refuse(link, f"wrong token for job {job.spec.job_id}")
-            return
+            return self._refuse(link, f"wrong token for job {job.spec.job_id}")
         if job.ended is not None:
-            self._refuse(link, f"job {job.spec.job_id} has already ended")
-            return
+            return self._refuse(link, f"job {job.spec.job_id} has already ended")
+        if "peer_rack" in hello:
+            return self._rack_hello(link, peer, job, hello)
+        spec = job.spec
         rank, lane = hello.get("rank"), hello.get("lane")
-        if not isinstance(rank, int) or not 0 <= rank < job.spec.num_workers:
-            self._refuse(link, f"rank {rank!r} is outside job {job.spec.job_id}'s {job.spec.num_workers} workers")
-            return
-        if hello.get("num_workers") != job.spec.num_workers:
-            self._refuse(link, f"rank {rank} expects {hello.get('num_workers')} workers, "
-                               f"job {job.spec.job_id} has {job.spec.num_workers}")
-            return
+        if not isinstance(rank, int) or not spec.first_rank <= rank < spec.first_rank + spec.num_workers:
+            return self._refuse(link, f"rank {rank!r} is not one of this server's ranks of job {spec.job_id} "
+                                      f"({spec.first_rank}..{spec.first_rank + spec.num_workers - 1})")
+        if hello.get("num_workers") != spec.total_workers:
+            return self._refuse(link, f"rank {rank} expects {hello.get('num_workers')} workers, "
+                                      f"job {spec.job_id} has {spec.total_workers}")
         welcome = {
-            "cores": self.config.cores,
-            "interfaces": list(self.config.interfaces),
-            "lanes_per_pair": self.config.lanes_per_pair,
-            "chunk_bytes": self.config.chunk_bytes,
-            "endpoints": self.endpoints,
+            "cores": self.config.cores, "interfaces": list(self.config.interfaces),
+            "lanes_per_pair": self.config.lanes_per_pair, "chunk_bytes": self.config.chunk_bytes,
+            "endpoints": self.endpoints, "first_rank": spec.first_rank,
         }
         if lane == -1:  # discovery only: answer, and let the worker close
-            link.send(wire.control_frame(wire.Kind.WELCOME, job.spec.job_id, wire.SERVER_SENDER, welcome))
-            return
-        if lane not in job.links or self.topology.lane_interface(lane) != peer.interface:
-            self._refuse(link, f"lane {lane!r} is not served on this core/interface")
-            return
-        if job.links[lane][rank] is not None:
-            self._refuse(link, f"rank {rank} connected lane {lane} twice")
-            return
-        peer.job, peer.rank, peer.lane = job, rank, lane
-        job.links[lane][rank] = link
+            return link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
+        shard = (hello.get("shard", 0), hello.get("shards", 1))
+        if job.state is None:
+            error = self._create_state(job, shard)
+            if error:
+                return self._refuse(link, error)
+        elif shard != job.shard:
+            return self._refuse(link, f"rank {rank} says this server is shard {shard[0]} of {shard[1]}, "
+                                      f"other workers said {job.shard[0]} of {job.shard[1]}")
+        topology = job.state.plan.topology
+        if lane not in job.links or topology.lane_interface(lane) != peer.interface:
+            return self._refuse(link, f"lane {lane!r} is not served on this core/interface")
+        local = rank - spec.first_rank
+        if job.links[lane][local] is not None:
+            return self._refuse(link, f"rank {rank} connected lane {lane} twice")
+        peer.job, peer.rank, peer.local, peer.lane = job, rank, local, lane
+        job.links[lane][local] = link
         job.last_progress = time.monotonic()
-        link.send(wire.control_frame(wire.Kind.WELCOME, job.spec.job_id, wire.SERVER_SENDER, welcome))
+        link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
+
+    def _create_state(self, job: _Job, shard) -> Optional[str]:
+        """Set up the job on this core; returns an error message instead if the layout is invalid."""
+        try:
+            if not isinstance(shard[0], int) or not isinstance(shard[1], int) or not 0 <= shard[0] < shard[1]:
+                raise ConfigError(f"shard {shard[0]!r} of {shard[1]!r}")
+            if self.config.peers and shard != (0, 1):
+                raise ConfigError("a rack server cannot also be a shard")
+            topology = self.config.topology_with(shard[1])
+        except ConfigError as exc:
+            return f"invalid shard layout: {exc}"
+        args = (job.spec.job_id, job.spec.num_workers, topology, self.config.chunk_bytes, self.core, self.kernels)
+        if self.config.peers:
+            job.state = HierarchicalJobState(*args, total_workers=job.spec.total_workers,
+                                             rack=self.config.rack, racks=self.config.racks)
+        else:
+            job.state = JobState(*args, server=shard[0], total_workers=job.spec.total_workers)
+        job.shard = shard
+        job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
+        for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
+            job.peer_links[rack] = self._connect_rack(job, rack)
+        return None
+
+    def _connect_rack(self, job: _Job, rack: int) -> Link:
+        """Open this core's link to core `self.core` of rack `rack` (retrying while it starts up)."""
+        host, port = self.config.peers[rack].rsplit(":", 1)
+        address = (host, int(port) + self.core)  # every rack server uses the same port layout
+        hello = {"job": job.spec.job_id, "token": job.spec.token, "peer_rack": self.config.rack, "core": self.core}
+        deadline = time.monotonic() + self.config.timeout
+        while True:
+            try:
+                sock = socket.create_connection(address, timeout=min(5.0, self.config.timeout))
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"cannot reach rack {rack}'s server at {address[0]}:{address[1]}: {exc}")
+                time.sleep(0.1)  # it is still starting: retry until the deadline
+        sock.sendall(wire.control_frame(wire.Kind.HELLO, job.spec.job_id, self.config.rack, hello))
+        peer = _Peer(-1)
+        peer.job, peer.rack = job, rack
+        return self._add_link(sock, peer)
+
+    def _rack_hello(self, link: Link, peer: _Peer, job: _Job, hello: dict) -> None:
+        rack = hello.get("peer_rack")
+        if not self.config.peers or not isinstance(rack, int) or not 0 <= rack < self.config.rack:
+            return self._refuse(link, f"unexpected rack server hello from rack {rack!r}")
+        if hello.get("core") != self.core or rack in job.peer_links:
+            return self._refuse(link, f"rack {rack} connected core {hello.get('core')!r} to core {self.core} twice "
+                                      "or to the wrong core")
+        if job.state is None:
+            self._create_state(job, (0, 1))
+        peer.job, peer.rack = job, rack
+        job.peer_links[rack] = link
+        for parts in job.rack_backlog.pop(rack, ()):
+            link.send(*parts)
 
     # -- sending ----------------------------------------------------------------------------
+    def _act(self, job: _Job, events: list) -> None:
+        """Carry out what the aggregation state machine asked for."""
+        for event in events:
+            if isinstance(event, Result):
+                self._send_result(job, event.state)
+            elif isinstance(event, ReadyLane):
+                for state in event.chunks:
+                    self._send_result(job, state)
+                frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, {"batch": event.batch})
+                for link in job.links[event.lane]:
+                    link.send(frame)
+            elif isinstance(event, SendPartial):
+                header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
+                                          event.state.chunk.id, event.iteration, event.state.chunk.nbytes)
+                self._to_racks(job, header, event.view)
+            elif isinstance(event, SendPeerInit):  # to a rack that has connected: it sent PEER_READY
+                link = job.peer_links[event.rack]
+                for state in event.chunks:
+                    link.send(wire.pack_header(wire.Kind.INIT, job.spec.job_id, self.config.rack,
+                                               state.chunk.id, 0, state.chunk.nbytes), state.weight_view)
+            elif isinstance(event, SendPeerReady):
+                self._to_racks(job, wire.control_frame(wire.Kind.PEER_READY, job.spec.job_id, self.config.rack,
+                                                       {"batch": event.batch}))
+
+    def _to_racks(self, job: _Job, *parts) -> None:
+        """Send to every other rack; a lower rack that has not connected yet gets it when it does
+        (nothing it is sent can change before then: rounds need every rack's PEER_READY)."""
+        for rack in range(self.config.racks):
+            if rack == self.config.rack:
+                continue
+            if rack in job.peer_links:
+                job.peer_links[rack].send(*parts)
+            else:
+                job.rack_backlog.setdefault(rack, []).append(parts)
+
     def _send_result(self, job: _Job, state: ChunkState) -> None:
         chunk = state.chunk
         header = wire.pack_header(wire.Kind.RESULT, job.spec.job_id, wire.SERVER_SENDER, chunk.id,
                                   state.rounds, chunk.nbytes)
         view = state.result_view
         for link in job.links[chunk.lane]:
-            try:
-                link.send(header, view)
-            except LinkClosed as exc:
-                self._lost(link, str(exc), True)
-                return
-
-    def _send_ready(self, job: _Job, ready: Optional[ReadyLane]) -> None:
-        if ready is None:
-            return
-        for state in ready.chunks:
-            self._send_result(job, state)
-        frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, {"batch": ready.batch})
-        for link in job.links[ready.lane]:
-            link.send(frame)
+            link.send(header, view)
 
     # -- failures ---------------------------------------------------------------------------
     def _refuse(self, link: Link, message: str) -> None:
@@ -311,9 +357,9 @@ class Core:
     def _bad_peer(self, link: Link, message: str) -> None:
         peer = self.peers.get(link)
         if peer is None or peer.job is None:
-            self._refuse(link, f"protocol error: {message}")
-            return
-        self._fail(peer.job, f"rank {peer.rank} (lane {peer.lane}) sent a bad frame: {message}")
+            return self._refuse(link, f"protocol error: {message}")
+        who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
+        self._fail(peer.job, f"{who} sent a bad frame: {message}")
 
     def _lost(self, link: Link, reason: str, midframe: bool) -> None:
         peer = self.peers.get(link)
@@ -321,7 +367,11 @@ class Core:
         if peer is None or peer.job is None or peer.job.ended is not None:
             return
         job = peer.job
-        if (peer.lane, peer.rank) in job.said_bye and not midframe:
+        if peer.rack >= 0:
+            if peer.rack not in job.racks_done or midframe:
+                self._fail(job, f"rack {peer.rack}'s server lost: {reason}")
+            return
+        if (peer.lane, peer.local) in job.said_bye and not midframe:
             return
         self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}")
 
@@ -341,7 +391,7 @@ class Core:
     def _check_stalls(self) -> None:
         now = time.monotonic()
         for job in self.jobs.values():
-            if job.ended is not None or not any(job.live_links()):
+            if job.ended is not None or job.state is None or not any(job.live_links()):
                 continue
             idle = now - job.last_progress
             pending = job.state.pending()
@@ -358,12 +408,17 @@ class Core:
 
     @staticmethod
     def _missing(job: _Job, pending: List[ChunkState]) -> str:
-        unconnected = sorted({rank for links in job.links.values() for rank, link in enumerate(links) if link is None})
+        first = job.spec.first_rank
+        unconnected = sorted({first + local for links in job.links.values()
+                              for local, link in enumerate(links) if link is None})
         if unconnected:
             return f"rank(s) {unconnected} to connect"
-        ranks = sorted({r for s in pending for r in s.missing(job.spec.num_workers)})
+        ranks = sorted({first + r for s in pending for r in s.missing(job.spec.num_workers)})
         chunks = sorted(s.chunk.id for s in pending)
         shown = ", ".join(map(str, chunks[:8])) + (" ..." if len(chunks) > 8 else "")
+        if not ranks and isinstance(job.state, HierarchicalJobState):
+            racks = sorted({r for s in pending for r in job.state.missing_racks(s)})
+            return f"rack(s) {racks} to send chunk(s) {shown}"
         return f"rank(s) {ranks} to push chunk(s) {shown}"
 
 
@@ -398,7 +453,13 @@ class Server:
         return [p.pid for p in self._processes]
 
     def start(self) -> "Server":
-        """Bind every endpoint and start the cores; OSError names an address that cannot be bound."""
+        """Bind every endpoint and start the cores; OSError names an address that cannot be bound.
+
+        ConfigError (with `phub doctor`'s explanation) if the configured transport cannot run here.
+        """
+        from .doctor import require_transport  # probes RDMA only when the verbs transport is asked for
+
+        require_transport(self.config.transport)
         listeners: List[List[socket.socket]] = []
         for core in range(self.config.cores):
             row = []

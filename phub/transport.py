@@ -62,7 +62,8 @@ class Link:
 
     def send(self, *parts) -> None:
         """Queue `parts` (bytes or byte memoryviews) for sending; sends at once what the socket
-        takes without blocking. The parts must stay unchanged until sent (see aggregation.py)."""
+        takes without blocking. The parts must stay unchanged until sent (see aggregation.py).
+        Never raises: a failed send shows up as LinkClosed when the link is next read."""
         if self.closed:
             return
         if self.outq:
@@ -72,8 +73,10 @@ class Link:
             sent = self.sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        except OSError as exc:
-            raise LinkClosed(f"send failed: {exc}", True) from None
+        except OSError:
+            # Not raised here: the caller may be serving another link. The broken socket turns
+            # readable, and reading it reports the loss, attributed to this link.
+            return
         for part in parts:
             if sent >= len(part):
                 sent -= len(part)

@@ -42,9 +42,11 @@ class Kind(enum.IntEnum):
     RESULT = 8  # server -> client, data: one chunk of new weights (or of the aggregate)
     BYE = 9  # client -> server: clean close
     ERROR = 10  # either way, JSON {"message": ...}: the sender gives up on the job
+    PARTIAL = 11  # rack server -> rack server, data: a chunk aggregated over one rack's workers
+    PEER_READY = 12  # rack server -> rack server, JSON {"batch"}: this core registered a batch
 
 
-DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT})
+DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL})
 _KIND_VALUES = frozenset(int(k) for k in Kind)
 
 

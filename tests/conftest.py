@@ -18,7 +18,7 @@ def start_workers(server, num_workers, params, job_id=0, token="", timeout=60, s
     procs = []
     for rank in range(num_workers):
         env = dict(os.environ, PHUB_TEST=json.dumps(params),
-                   **worker_env(server, rank, num_workers, job_id, token, timeout))
+                   **worker_env(server.address, rank, num_workers, job_id, token, timeout))
         procs.append(subprocess.Popen([sys.executable, WORKER], env=env, stdout=stdout or subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True))
     return procs

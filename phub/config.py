@@ -1,0 +1,127 @@
+"""Validated parameter objects of a PHub server: the jobs it accepts and how it is laid out."""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
+from .errors import ConfigError
+
+Endpoint = Tuple[str, int]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job the server accepts: its id, how many workers it has, and the token they present."""
+
+    job_id: int = 0
+    num_workers: int = 1  # the workers this server serves
+    token: str = ""
+    first_rank: int = 0  # they are ranks first_rank .. first_rank + num_workers - 1 ...
+    total_workers: Optional[int] = None  # ... of this many in the job (default num_workers)
+
+    def __post_init__(self):
+        if not isinstance(self.job_id, int) or not 0 <= self.job_id < 2**32:
+            raise ConfigError(f"JobSpec.job_id must be an integer in [0, 2**32), got {self.job_id!r}")
+        if not isinstance(self.num_workers, int) or not 1 <= self.num_workers <= 4096:
+            raise ConfigError(f"JobSpec.num_workers must be an integer in [1, 4096], got {self.num_workers!r}")
+        if not isinstance(self.token, str):
+            raise ConfigError("JobSpec.token must be a string")
+        total = self.num_workers if self.total_workers is None else self.total_workers
+        if not isinstance(self.first_rank, int) or not isinstance(total, int) or \
+                not 0 <= self.first_rank <= total - self.num_workers:
+            raise ConfigError(f"JobSpec: ranks {self.first_rank}..{self.first_rank + self.num_workers - 1} "
+                              f"do not fit in a job of {total} workers")
+        object.__setattr__(self, "total_workers", total)
+
+    @classmethod
+    def parse(cls, text: str) -> "JobSpec":
+        """`ID:WORKERS[:TOKEN]` or `ID:FIRST-LAST/TOTAL[:TOKEN]` (ranks FIRST..LAST of TOTAL, for a
+        rack's server), as the `--job` option takes it."""
+        parts = text.split(":", 2)
+        try:
+            token = parts[2] if len(parts) > 2 else ""
+            if "/" in parts[1]:
+                ranks, total = parts[1].split("/")
+                first, last = (int(x) for x in ranks.split("-"))
+                return cls(int(parts[0]), last - first + 1, token, first, int(total))
+            return cls(int(parts[0]), int(parts[1]), token)
+        except (IndexError, ValueError):
+            raise ConfigError(f"--job {text!r}: expected ID:WORKERS[:TOKEN] or ID:FIRST-LAST/TOTAL[:TOKEN]") from None
+
+    def to_option(self) -> str:
+        """The inverse of `parse`."""
+        last = self.first_rank + self.num_workers - 1
+        return f"{self.job_id}:{self.first_rank}-{last}/{self.total_workers}:{self.token}"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Validated server parameters. `timeout` bounds how long a job may stall before it is failed."""
+
+    jobs: Tuple[JobSpec, ...] = (JobSpec(),)
+    interfaces: Tuple[str, ...] = ("127.0.0.1",)
+    cores: int = 1
+    port: int = 0
+    lanes_per_pair: int = 1
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    once: bool = False  # exit when every job has ended (what the launcher wants)
+    timeout: float = 300.0
+    kernels: str = "auto"
+    rack: int = 0  # with peers: this server's rack index ...
+    peers: Tuple[str, ...] = ()  # ... and every rack server's discovery HOST:PORT, in rack order
+    transport: str = "tcp"  # or "verbs": refused at start unless it can run here (see phub doctor)
+
+    def __post_init__(self):
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        object.__setattr__(self, "interfaces", tuple(self.interfaces))
+        if not self.jobs:
+            raise ConfigError("ServerConfig.jobs: at least one job is needed")
+        ids = [j.job_id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"ServerConfig.jobs: job ids must be distinct, got {ids}")
+        if not self.interfaces or len(set(self.interfaces)) != len(self.interfaces):
+            raise ConfigError(f"ServerConfig.interfaces must be distinct addresses, got {list(self.interfaces)}")
+        for address in self.interfaces:
+            try:
+                socket.inet_aton(address)
+            except OSError:
+                raise ConfigError(f"ServerConfig.interfaces: {address!r} is not an IPv4 address") from None
+        Topology(len(self.interfaces), self.cores, self.lanes_per_pair)  # validates both counts
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536 - self.cores:
+            raise ConfigError(f"ServerConfig.port must be 0 (ephemeral) or a free base port, got {self.port!r}")
+        chunk_elements(self.chunk_bytes)
+        if not self.timeout > 0:
+            raise ConfigError(f"ServerConfig.timeout must be > 0 seconds, got {self.timeout!r}")
+        object.__setattr__(self, "peers", tuple(self.peers))
+        if self.peers and (len(self.peers) < 2 or not 0 <= self.rack < len(self.peers)):
+            raise ConfigError(f"ServerConfig: rack {self.rack} with peers {list(self.peers)}: "
+                              "give every rack server's address (at least two) and this server's index")
+        if self.peers and self.port == 0:
+            raise ConfigError("ServerConfig: a rack server needs a fixed --port so the other racks can reach it")
+        if self.transport not in ("tcp", "verbs"):
+            raise ConfigError(f"ServerConfig.transport must be 'tcp' or 'verbs', got {self.transport!r}")
+
+    @property
+    def racks(self) -> int:
+        return len(self.peers) or 1
+
+    def to_argv(self, interfaces: Optional[Tuple[str, ...]] = None) -> List[str]:
+        """`phub server` options that recreate this configuration (on other interfaces, if given)."""
+        argv = ["--interfaces", ",".join(interfaces or self.interfaces), "--cores", str(self.cores),
+                "--port", str(self.port), "--lanes-per-pair", str(self.lanes_per_pair),
+                "--chunk-bytes", str(self.chunk_bytes), "--timeout", str(self.timeout)]
+        for job in self.jobs:
+            argv += ["--job", job.to_option()]
+        if self.once:
+            argv.append("--once")
+        if self.peers:
+            argv += ["--rack", str(self.rack), "--peers", ",".join(self.peers)]
+        if self.transport != "tcp":
+            argv += ["--transport", self.transport]
+        return argv
+
+    def topology_with(self, shards: int = 1) -> Topology:
+        """The topology of a job spread over `shards` servers shaped like this one."""
+        return Topology(len(self.interfaces), self.cores, self.lanes_per_pair, shards)
