@@ -1,12 +1,14 @@
 """A test worker: registers known arrays, pushes known gradients for K steps, saves what it got.
 
 Parameters come as JSON in PHUB_TEST: sizes (list of shapes), steps, optimizer (dict or null for
-the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes).
+the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes) and
+slow: {"rank": R, "seconds": S} (rank R computes for S seconds before each push: a straggler).
 Rank r's gradient for array a at step s is (r + 1) * s * pattern(a): exact sums in float32.
 """
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -35,7 +37,10 @@ def main():
     if params.get("optimizer"):
         kv.set_optimizer(optimizer_from_dict(params["optimizer"]))
     saved = {f"init{i}": w.copy() for i, w in enumerate(weights)}
+    slow = params.get("slow") or {}
     for step in range(1, params["steps"] + 1):
+        if slow.get("rank") == rank:
+            time.sleep(slow["seconds"])  # emulated slow compute, not synchronization
         grads = [pattern(w.size, i).reshape(w.shape) * np.float32((rank + 1) * step) for i, w in enumerate(weights)]
         if params.get("optimizer"):
             outs = weights

@@ -1,0 +1,356 @@
+"""A thin layer over pyverbs (rdma-core's Python bindings): the only code that touches a device.
+
+Nothing here runs at import time: pyverbs is imported by `load()`, on first use, so `phub` works
+on machines without it. What it offers, in the order a connection needs it:
+
+- `probe()`: the RDMA devices and ports this machine has, or a sentence saying why none can be
+  used (what `phub doctor` prints and what choosing the verbs transport fails with).
+- `Memory`: page-aligned memory for one region of a registration plan (`phub.rdma.layout`),
+  with float32 views for the aggregation code.
+- `Nic`: one (core, NIC) registration: device context, protection domain, one memory region over
+  a `Memory`, and one completion queue that the owning core polls.
+- `RcConnection`: one RC queue pair on a `Nic`: its `ConnParams`, the INIT -> RTR -> RTS
+  transitions from the peer's parameters, receive requests (a write-with-immediate consumes
+  one), and `write_imm` (RDMA write-with-immediate into the peer's region).
+- `SendCredits`: unsignaled sends with a periodic signaled one, and the send-queue accounting
+  that makes them safe (no device needed; unit-tested).
+- `poll()`: completions as plain `Completion`s; a failed work request raises JobFailed.
+
+Every call that can fail on a device raises pyverbs' own exception, except where noted. This
+module is exercised on real hardware only (the tests skip without a usable device).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import mmap
+import os
+import random
+import sys
+import types
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+from ..errors import ConfigError, JobFailed
+from .connect import ZERO_GID, ConnParams, path_mtu
+from .immediate import from_wire, to_wire
+
+_MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "enums", "pyverbs_error")
+_loaded: Optional[types.SimpleNamespace] = None
+
+
+class VerbsUnavailable(ConfigError):
+    """pyverbs cannot be loaded here; the message says why in one sentence."""
+
+
+def _system_copy_hint() -> str:
+    """Where a distribution's pyverbs sits when this interpreter does not see it (a venv, pyenv)."""
+    pattern = "/usr/lib*/python3*/*-packages/pyverbs"
+    found = sorted(glob.glob(pattern))
+    if not found:
+        return ("install rdma-core's Python bindings (Debian/Ubuntu: python3-pyverbs; conda-forge: rdma-core) "
+                "and make them importable")
+    return (f"a system copy exists in {os.path.dirname(found[0])}: create the venv with "
+            "--system-site-packages, or add that folder to a .pth file in the venv")
+
+
+def load() -> types.SimpleNamespace:
+    """Import pyverbs' modules once; raise VerbsUnavailable with a sentence if they do not load."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    try:
+        import importlib
+
+        modules = {name: importlib.import_module(f"pyverbs.{name}") for name in _MODULES}
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "pyverbs":
+            raise VerbsUnavailable(f"the Python module pyverbs is not importable from this Python "
+                                   f"({sys.version.split()[0]}): {_system_copy_hint()}") from None
+        raise VerbsUnavailable(f"pyverbs is installed but does not load: {exc}") from None
+    except (ImportError, OSError) as exc:  # e.g. libibverbs missing, or built for another Python
+        raise VerbsUnavailable(f"pyverbs is installed but does not load: {exc}") from None
+    _loaded = types.SimpleNamespace(**modules)
+    return _loaded
+
+
+def mtu_bytes(enum_value: int) -> int:
+    """Bytes of an `ibv_mtu` value (IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5)."""
+    if not 1 <= enum_value <= 5:
+        raise ValueError(f"not an ibv_mtu value: {enum_value!r}")
+    return 256 << (enum_value - 1)
+
+
+def mtu_enum(nbytes: int) -> int:
+    """The `ibv_mtu` value of an MTU in bytes (256, 512, 1024, 2048 or 4096)."""
+    for value in range(1, 6):
+        if mtu_bytes(value) == nbytes:
+            return value
+    raise ValueError(f"not an RDMA path MTU: {nbytes!r} bytes")
+
+
+def _kernel_reason(detail: str) -> str:
+    if not os.path.isdir("/sys/class/infiniband"):
+        return ("this kernel exposes no RDMA devices (/sys/class/infiniband is missing: no RDMA driver is "
+                f"loaded, or the kernel has no RDMA support; {detail})")
+    if not glob.glob("/dev/infiniband/uverbs*"):
+        return f"RDMA devices exist but none is open to user space (no /dev/infiniband/uverbs*: load ib_uverbs; {detail})"
+    return detail
+
+
+def probe() -> dict:
+    """The RDMA picture of this machine. Never raises.
+
+    Returns {"pyverbs": bool, "devices": [{"name", "node_guid", "ports": [{"port", "state",
+    "active", "link_layer", "lid", "mtu", "gid"}]}], "usable": ["dev:port", ...], "reason": str or
+    None}. `reason` is set exactly when no port is usable, and says why.
+    """
+    report = {"pyverbs": False, "devices": [], "usable": [], "reason": None}
+    try:
+        pv = load()
+    except VerbsUnavailable as exc:
+        report["reason"] = str(exc)
+        return report
+    report["pyverbs"] = True
+    try:
+        devices = pv.device.get_device_list()
+    except Exception as exc:  # pyverbs raises its own error when the kernel has no RDMA support
+        report["reason"] = _kernel_reason(f"listing devices failed: {exc}")
+        return report
+    if not devices:
+        report["reason"] = _kernel_reason("no RDMA devices found")
+        return report
+    e = pv.enums
+    for dev in devices:
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        entry = {"name": name, "node_guid": None, "ports": [], "error": None}
+        report["devices"].append(entry)
+        try:
+            with pv.device.Context(name=name) as ctx:
+                attr = ctx.query_device()
+                entry["node_guid"] = f"{attr.node_guid:016x}"
+                for port in range(1, attr.phys_port_cnt + 1):
+                    pa = ctx.query_port(port)
+                    active = pa.state == e.IBV_PORT_ACTIVE
+                    ethernet = pa.link_layer == e.IBV_LINK_LAYER_ETHERNET
+                    gid = ctx.query_gid(port, 0).gid.lower() if pa.gid_tbl_len else ZERO_GID
+                    entry["ports"].append({"port": port, "state": int(pa.state), "active": active,
+                                           "link_layer": "ethernet" if ethernet else "infiniband",
+                                           "lid": int(pa.lid), "mtu": mtu_bytes(pa.active_mtu), "gid": gid})
+                    if active:
+                        report["usable"].append(f"{name}:{port}")
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+    if not report["usable"]:
+        names = ", ".join(d["name"] for d in report["devices"])
+        report["reason"] = (f"RDMA device(s) {names} found, but no port is ACTIVE "
+                            "(check the link, and on InfiniBand that a subnet manager runs; see ibv_devinfo)")
+    return report
+
+
+class Memory:
+    """Zeroed, page-aligned anonymous memory: one region of a registration plan.
+
+    The bytes stay at one address for the object's life (registration pins them there).
+    """
+
+    def __init__(self, length: int):
+        if not isinstance(length, int) or length < 1:
+            raise ConfigError(f"a registered region needs at least one byte, got {length!r}")
+        self.length = length
+        self._map = mmap.mmap(-1, length)  # anonymous mappings start on a page boundary
+        self._anchor = ctypes.c_char.from_buffer(self._map)  # keeps the mapping exported, so it stays put
+        self.address = ctypes.addressof(self._anchor)
+
+    def floats(self, offset: int, count: int) -> np.ndarray:
+        """A float32 view of `count` values at byte `offset` (ValueError if out of range)."""
+        if offset < 0 or offset % 4 or offset + 4 * count > self.length:
+            raise ValueError(f"[{offset}, +{4 * count}) is not a float32 span of this {self.length}-byte region")
+        return np.frombuffer(self._map, dtype=np.float32, count=count, offset=offset)
+
+    def close(self) -> None:
+        """Release the memory; only after every MR over it is closed and every view dropped
+        (BufferError names a view still alive)."""
+        if self._map.closed:
+            return
+        del self._anchor
+        self._map.close()
+
+
+class SendCredits:
+    """Unsignaled sends with a periodic signaled one, on a send queue of `depth` entries.
+
+    An unsignaled work request produces no completion, so its send-queue entry is known free only
+    when a later signaled one completes (an RC send queue completes in order). Every
+    `signal_every`-th request is signaled, and so is any request that fills the queue, so a full
+    queue always ends in a completion that frees it. Requests are numbered 1, 2, ...; the number
+    is the work request id.
+    """
+
+    def __init__(self, depth: int, signal_every: int):
+        if not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"send queue depth must be a positive integer, got {depth!r}")
+        if not isinstance(signal_every, int) or not 1 <= signal_every <= depth:
+            raise ConfigError(f"signal_every must be in [1, depth={depth}], got {signal_every!r}")
+        self.depth = depth
+        self.signal_every = signal_every
+        self.posted = 0  # requests posted so far
+        self.retired = 0  # requests known complete
+
+    @property
+    def free(self) -> int:
+        return self.depth - (self.posted - self.retired)
+
+    def take(self) -> "tuple[int, bool]":
+        """(work request id, signaled?) for the next request. RuntimeError if the queue is full:
+        the caller must poll its completion queue first."""
+        if self.free == 0:
+            raise RuntimeError(f"send queue full ({self.depth} requests in flight): poll completions first")
+        self.posted += 1
+        signaled = self.posted % self.signal_every == 0 or self.free == 0
+        return self.posted, signaled
+
+    def completed(self, wr_id: int) -> None:
+        """A signaled request completed: it and every request before it are retired."""
+        if not self.retired < wr_id <= self.posted:
+            raise ValueError(f"completion for request {wr_id}, but requests {self.retired + 1}..{self.posted} are in flight")
+        self.retired = wr_id
+
+
+@dataclass(frozen=True)
+class Completion:
+    wr_id: int
+    opcode: int
+    qp_num: int
+    byte_len: int
+    imm: Optional[int]  # host order; None if the completion carries no immediate
+
+
+def poll(cq, max_entries: int = 64) -> List[Completion]:
+    """The completions waiting on `cq` (none: an empty list; never blocks).
+
+    Raises JobFailed naming the queue pair and the status if a work request failed.
+    """
+    pv = load()
+    e = pv.enums
+    _, wcs = cq.poll(max_entries)
+    out = []
+    for wc in wcs:
+        if wc.status != e.IBV_WC_SUCCESS:
+            raise JobFailed(f"RDMA work request {wc.wr_id} on queue pair {wc.qp_num} failed with status "
+                            f"{wc.status} (vendor error {wc.vendor_err})")
+        imm = from_wire(wc.imm_data) if wc.wc_flags & e.IBV_WC_WITH_IMM else None
+        out.append(Completion(wc.wr_id, wc.opcode, wc.qp_num, wc.byte_len, imm))
+    return out
+
+
+class Nic:
+    """One (core, NIC) registration: context, PD, one MR over `memory`, one CQ; port `port`."""
+
+    def __init__(self, device: str, memory: Memory, *, port: int = 1, gid_index: int = 0, cq_depth: int = 4096):
+        pv = self.pv = load()
+        e = pv.enums
+        self.memory = memory
+        self.port = port
+        self.gid_index = gid_index
+        self.context = pv.device.Context(name=device)
+        self.pd = pv.pd.PD(self.context)
+        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        self.mr = pv.mr.MR(self.pd, memory.length, access, address=memory.address)
+        self.cq = pv.cq.CQ(self.context, cq_depth, None, None, 0)
+        attr = self.context.query_port(port)
+        self.lid = int(attr.lid)
+        self.mtu = mtu_bytes(attr.active_mtu)
+        gid = self.context.query_gid(port, gid_index).gid.lower() if attr.gid_tbl_len else ZERO_GID
+        self.gid = gid
+
+    def params(self, qp_num: int, psn: int) -> ConnParams:
+        """What a peer needs to reach a queue pair of this NIC and write into this region."""
+        return ConnParams(qp_num=qp_num, psn=psn, lid=self.lid, gid=self.gid, mtu=self.mtu,
+                          addr=self.memory.address, rkey=self.mr.rkey, length=self.memory.length)
+
+    def close(self) -> None:
+        """Destroy the device objects (queue pairs first, as pyverbs tracks them), then the context."""
+        self.context.close()
+
+
+class RcConnection:
+    """One RC queue pair on `nic`, sending through `credits`."""
+
+    def __init__(self, nic: Nic, *, sq_depth: int = 256, rq_depth: int = 1024, signal_every: int = 64):
+        pv, e = nic.pv, nic.pv.enums
+        self.nic = nic
+        self.credits = SendCredits(sq_depth, signal_every)
+        cap = pv.qp.QPCap(max_send_wr=sq_depth, max_recv_wr=rq_depth, max_send_sge=1, max_recv_sge=1)
+        init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=nic.cq, rcq=nic.cq, cap=cap, sq_sig_all=0)
+        attr = pv.qp.QPAttr(port_num=nic.port)
+        attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+        self.qp = pv.qp.QP(nic.pd, init, attr)  # created and moved to INIT
+        self.psn = random.getrandbits(24)
+        self.remote: Optional[ConnParams] = None
+
+    def local_params(self) -> ConnParams:
+        return self.nic.params(self.qp.qp_num, self.psn)
+
+    def connect(self, remote: ConnParams) -> None:
+        """INIT -> RTR -> RTS towards the peer described by `remote` (from the handshake)."""
+        pv, e, nic = self.nic.pv, self.nic.pv.enums, self.nic
+        attr = pv.qp.QPAttr(port_num=nic.port)
+        attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+        attr.path_mtu = mtu_enum(path_mtu(self.local_params(), remote))
+        attr.dest_qp_num = remote.qp_num
+        attr.rq_psn = remote.psn
+        attr.sq_psn = self.psn
+        attr.max_dest_rd_atomic = 1  # no RDMA reads or atomics are used
+        attr.max_rd_atomic = 1
+        attr.min_rnr_timer = 12  # 0.64 ms before a peer retries a write that found no receive posted
+        attr.timeout = 14  # ~67 ms local ACK timeout
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7  # retry forever: a receiver that is briefly out of receives is slow, not dead
+        routed = remote.gid != ZERO_GID  # RoCE always, InfiniBand across subnets: needs a GRH
+        if routed:
+            grh = pv.addr.GlobalRoute(dgid=pv.addr.GID(remote.gid), sgid_index=nic.gid_index, hop_limit=64)
+            attr.ah_attr = pv.addr.AHAttr(port_num=nic.port, is_global=1, gr=grh, dlid=remote.lid)
+        else:
+            attr.ah_attr = pv.addr.AHAttr(port_num=nic.port, is_global=0, dlid=remote.lid)
+        self.qp.to_rts(attr)  # goes through RTR first
+        self.remote = remote
+
+    def post_receives(self, count: int) -> None:
+        """Post `count` receive requests; each incoming write-with-immediate consumes one.
+
+        Their single scatter entry is empty: the written bytes go where the writer said, never
+        into a receive buffer (pyverbs wants at least one entry; a zero-length one is ignored).
+        """
+        pv = self.nic.pv
+        sge = pv.wr.SGE(self.nic.memory.address, 0, self.nic.mr.lkey)
+        for _ in range(count):
+            self.qp.post_recv(pv.wr.RecvWR(wr_id=0, num_sge=1, sg=[sge]))
+
+    def write_imm(self, local_offset: int, nbytes: int, remote_offset: int, imm: int) -> bool:
+        """Write `nbytes` at `local_offset` of this NIC's region to `remote_offset` of the peer's.
+
+        `imm` is the host-order immediate (`phub.rdma.immediate.encode`). Returns whether the
+        request was signaled; RuntimeError if the send queue is full (poll, then `retire`).
+        """
+        remote = self.remote
+        if remote is None:
+            raise RuntimeError("write_imm before connect()")
+        if local_offset < 0 or local_offset + nbytes > self.nic.memory.length:
+            raise ValueError(f"local span [{local_offset}, +{nbytes}) is outside the registered region")
+        if remote_offset < 0 or remote_offset + nbytes > remote.length:
+            raise ValueError(f"remote span [{remote_offset}, +{nbytes}) is outside the peer's {remote.length}-byte region")
+        pv, e = self.nic.pv, self.nic.pv.enums
+        wr_id, signaled = self.credits.take()
+        sge = pv.wr.SGE(self.nic.memory.address + local_offset, nbytes, self.nic.mr.lkey)
+        wr = pv.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge],
+                          imm_data=to_wire(imm), send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
+        wr.set_wr_rdma(remote.rkey, remote.addr + remote_offset)
+        self.qp.post_send(wr)
+        return signaled
+
+    def retire(self, completion: Completion) -> None:
+        """Account for a completion of one of this queue pair's signaled writes."""
+        self.credits.completed(completion.wr_id)
