@@ -25,8 +25,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_server_options(parser: argparse.ArgumentParser, cores_flag: str) -> None:
-    parser.add_argument(cores_flag, dest="cores", type=_positive_int, default=1,
+def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> None:
+    parser.add_argument(*cores_flags, dest="cores", type=_positive_int, default=1,
                         help="server processes, one per core (default 1)")
     parser.add_argument("--interfaces", type=_interfaces, default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     launch = sub.add_parser("launch", help="start a server and N workers running CMD on this machine")
     launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
-    _add_server_options(launch, "--server-cores")
+    _add_server_options(launch, "--server-cores", "--servers-cores")
     _add_transport_option(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     launch.set_defaults(func=cmd_launch)

@@ -16,9 +16,8 @@ import os
 import selectors
 import socket
 import threading
-import time
 from collections import deque
-from typing import Dict, Hashable, List, Optional, Sequence, Union
+from typing import Dict, Hashable, List, Optional, Sequence
 
 import numpy as np
 

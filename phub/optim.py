@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional, Type
+from typing import Dict, Type
 
 import numpy as np
 

@@ -5,7 +5,6 @@ import random
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import numpy as np

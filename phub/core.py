@@ -1,0 +1,320 @@
+"""One server core: the event loop that owns a disjoint set of chunks and serves their lanes.
+
+Each core runs in its own process (see server.py). It accepts connections on every interface,
+admits workers into jobs (HELLO: job id, token, rank, lane), feeds their frames to the job's
+aggregation state machine (aggregation.py, or hierarchy.py for a rack server) and carries out
+the events it returns: results to the workers, partials to the other racks. A lost or
+misbehaving worker fails its job, and every other connection of that job is told why.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import sys
+import time
+from typing import Dict, List, Optional
+
+from . import wire
+from .aggregation import ChunkState, JobState, ReadyLane, Result
+from .config import Endpoint, ServerConfig
+from .errors import ConfigError, ProtocolError
+from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
+from .kernels import get_backend
+from .optim import optimizer_from_dict
+from .racklinks import RackLinks
+from .session import Job, Peer
+from .transport import Link, LinkClosed
+
+def _log(message: str) -> None:
+    print(f"phub server: {message}", file=sys.stderr, flush=True)
+
+
+class Core(RackLinks):
+    """The event loop of one server core (runs in its own process)."""
+
+    def __init__(self, config: ServerConfig, core: int, listeners: List[socket.socket],
+                 endpoints: List[List[Endpoint]]):
+        self.config = config
+        self.core = core
+        self.endpoints = endpoints
+        self.kernels = get_backend(config.kernels)
+        self.jobs: Dict[int, Job] = {spec.job_id: Job(spec) for spec in config.jobs}
+        self.selector = selectors.DefaultSelector()
+        for interface, listener in enumerate(listeners):
+            listener.setblocking(False)
+            self.selector.register(listener, selectors.EVENT_READ, ("accept", interface))
+        self.peers: Dict[Link, Peer] = {}
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until every job has ended (with `once`) or forever; return the exit status."""
+        while not (self.config.once and all(job.ended is not None for job in self.jobs.values())):
+            for key, mask in self.selector.select(timeout=1.0):
+                if isinstance(key.data, tuple):
+                    self._accept(key.fileobj, key.data[1])
+                    continue
+                link: Link = key.data
+                try:
+                    link.service(mask)
+                except LinkClosed as exc:
+                    self._lost(link, str(exc), exc.midframe)
+                except ProtocolError as exc:
+                    self._bad_peer(link, str(exc))
+            self._check_stalls()
+        for job in self.jobs.values():  # the other racks may still be reading our last partials
+            for link in job.peer_links.values():
+                link.flush_blocking(self.config.timeout)
+        return 1 if any(job.ended for job in self.jobs.values()) else 0
+
+    def _accept(self, listener: socket.socket, interface: int) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        self._add_link(sock, Peer(interface))
+
+    def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
+        link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame)
+        self.peers[link] = peer
+        return link
+
+    # -- frames -----------------------------------------------------------------------------
+    def _payload_target(self, peer: Peer, header: wire.Header) -> memoryview:
+        job = peer.job
+        if job is None:
+            raise ProtocolError(f"{header.kind.name} data frame before HELLO")
+        if peer.rack >= 0:
+            wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
+            if header.kind is wire.Kind.PARTIAL:
+                return job.state.partial_target(peer.rack, header)
+            if header.kind is wire.Kind.INIT:
+                return job.state.peer_init_target(peer.rack, header)
+            raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
+        if header.kind is wire.Kind.PUSH:
+            return job.state.push_target(peer.local, header, peer.lane)
+        if header.kind is wire.Kind.INIT:
+            return job.state.init_target(peer.local, header, peer.lane)
+        raise ProtocolError(f"a worker may not send {header.kind.name} frames")
+
+    def _on_frame(self, link: Link, frame: wire.Frame) -> None:
+        peer = self.peers[link]
+        header = frame.header
+        kind = header.kind
+        job = peer.job
+        if kind is wire.Kind.PUSH:  # the hot path first
+            job.last_progress = time.monotonic()
+            self._act(job, job.state.on_push(peer.local, header))
+            return
+        if kind is wire.Kind.HELLO:
+            self._hello(link, peer, frame.json())
+            return
+        if job is None:
+            raise ProtocolError(f"{kind.name} frame before HELLO")
+        job.last_progress = time.monotonic()
+        if peer.rack >= 0:
+            self._on_rack_frame(job, peer, frame)
+            return
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
+        if kind is wire.Kind.INIT:
+            self._act(job, job.state.on_init(header, peer.lane))
+        elif kind is wire.Kind.REGISTER:
+            body = frame.json()
+            self._act(job, job.state.register(peer.local, peer.lane, body.get("batch"), body.get("arrays", ())))
+        elif kind is wire.Kind.OPTIMIZER:
+            if peer.local != 0:
+                raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only the first worker sets the optimizer")
+            try:
+                job.state.set_optimizer(peer.lane, optimizer_from_dict(frame.json()))
+            except ConfigError as exc:
+                raise ProtocolError(f"rank {peer.rank} sent an invalid optimizer: {exc}") from None
+        elif kind is wire.Kind.BYE:
+            job.said_bye.add((peer.lane, peer.local))
+            if len(job.said_bye) == len(job.links) * job.spec.num_workers:
+                job.ended = ""
+                self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+        elif kind is wire.Kind.ERROR:
+            self._fail(job, f"rank {peer.rank} gave up: {frame.json().get('message', '')}")
+        else:
+            raise ProtocolError(f"a worker may not send {kind.name} frames")
+
+    def _hello(self, link: Link, peer: Peer, hello: dict) -> None:
+        if peer.job is not None:
+            raise ProtocolError("HELLO sent twice on one connection")
+        job = self.jobs.get(hello.get("job"))
+        if job is None:
+            return self._refuse(link, f"job {hello.get('job')!r} is not registered on this server")
+        if hello.get("token", "") != job.spec.token:
+            return self._refuse(link, f"wrong token for job {job.spec.job_id}")
+        if job.ended is not None:
+            return self._refuse(link, f"job {job.spec.job_id} has already ended")
+        if "peer_rack" in hello:
+            return self._rack_hello(link, peer, job, hello)
+        spec = job.spec
+        rank, lane = hello.get("rank"), hello.get("lane")
+        if not isinstance(rank, int) or not spec.first_rank <= rank < spec.first_rank + spec.num_workers:
+            return self._refuse(link, f"rank {rank!r} is not one of this server's ranks of job {spec.job_id} "
+                                      f"({spec.first_rank}..{spec.first_rank + spec.num_workers - 1})")
+        if hello.get("num_workers") != spec.total_workers:
+            return self._refuse(link, f"rank {rank} expects {hello.get('num_workers')} workers, "
+                                      f"job {spec.job_id} has {spec.total_workers}")
+        welcome = {
+            "cores": self.config.cores, "interfaces": list(self.config.interfaces),
+            "lanes_per_pair": self.config.lanes_per_pair, "chunk_bytes": self.config.chunk_bytes,
+            "endpoints": self.endpoints, "first_rank": spec.first_rank,
+        }
+        if lane == -1:  # discovery only: answer, and let the worker close
+            return link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
+        shard = (hello.get("shard", 0), hello.get("shards", 1))
+        if job.state is None:
+            error = self._create_state(job, shard)
+            if error:
+                return self._refuse(link, error)
+        elif shard != job.shard:
+            return self._refuse(link, f"rank {rank} says this server is shard {shard[0]} of {shard[1]}, "
+                                      f"other workers said {job.shard[0]} of {job.shard[1]}")
+        topology = job.state.plan.topology
+        if lane not in job.links or topology.lane_interface(lane) != peer.interface:
+            return self._refuse(link, f"lane {lane!r} is not served on this core/interface")
+        local = rank - spec.first_rank
+        if job.links[lane][local] is not None:
+            return self._refuse(link, f"rank {rank} connected lane {lane} twice")
+        peer.job, peer.rank, peer.local, peer.lane = job, rank, local, lane
+        job.links[lane][local] = link
+        job.last_progress = time.monotonic()
+        link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
+
+    def _create_state(self, job: Job, shard) -> Optional[str]:
+        """Set up the job on this core; returns an error message instead if the layout is invalid."""
+        try:
+            if not isinstance(shard[0], int) or not isinstance(shard[1], int) or not 0 <= shard[0] < shard[1]:
+                raise ConfigError(f"shard {shard[0]!r} of {shard[1]!r}")
+            if self.config.peers and shard != (0, 1):
+                raise ConfigError("a rack server cannot also be a shard")
+            topology = self.config.topology_with(shard[1])
+        except ConfigError as exc:
+            return f"invalid shard layout: {exc}"
+        args = (job.spec.job_id, job.spec.num_workers, topology, self.config.chunk_bytes, self.core, self.kernels)
+        if self.config.peers:
+            job.state = HierarchicalJobState(*args, total_workers=job.spec.total_workers,
+                                             rack=self.config.rack, racks=self.config.racks)
+        else:
+            job.state = JobState(*args, server=shard[0], total_workers=job.spec.total_workers)
+        job.shard = shard
+        job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
+        for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
+            job.peer_links[rack] = self._connect_rack(job, rack)
+        return None
+
+    # -- sending ----------------------------------------------------------------------------
+    def _act(self, job: Job, events: list) -> None:
+        """Carry out what the aggregation state machine asked for."""
+        for event in events:
+            if isinstance(event, Result):
+                self._send_result(job, event.state)
+            elif isinstance(event, ReadyLane):
+                for state in event.chunks:
+                    self._send_result(job, state)
+                frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, {"batch": event.batch})
+                for link in job.links[event.lane]:
+                    link.send(frame)
+            elif isinstance(event, SendPartial):
+                header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
+                                          event.state.chunk.id, event.iteration, event.state.chunk.nbytes)
+                self._to_racks(job, header, event.view)
+            elif isinstance(event, SendPeerInit):  # to a rack that has connected: it sent PEER_READY
+                link = job.peer_links[event.rack]
+                for state in event.chunks:
+                    link.send(wire.pack_header(wire.Kind.INIT, job.spec.job_id, self.config.rack,
+                                               state.chunk.id, 0, state.chunk.nbytes), state.weight_view)
+            elif isinstance(event, SendPeerReady):
+                self._to_racks(job, wire.control_frame(wire.Kind.PEER_READY, job.spec.job_id, self.config.rack,
+                                                       {"batch": event.batch}))
+
+    def _send_result(self, job: Job, state: ChunkState) -> None:
+        chunk = state.chunk
+        header = wire.pack_header(wire.Kind.RESULT, job.spec.job_id, wire.SERVER_SENDER, chunk.id,
+                                  state.rounds, chunk.nbytes)
+        view = state.result_view
+        for link in job.links[chunk.lane]:
+            link.send(header, view)
+
+    # -- failures ---------------------------------------------------------------------------
+    def _refuse(self, link: Link, message: str) -> None:
+        """Tell a peer that has not joined a job why it is turned away, and drop it."""
+        _log(f"core {self.core}: refused a connection: {message}")
+        link.send(wire.control_frame(wire.Kind.ERROR, 0, wire.SERVER_SENDER, {"message": message}))
+        link.flush_blocking(1.0)
+        self._drop(link)
+
+    def _drop(self, link: Link) -> None:
+        self.peers.pop(link, None)
+        link.close()
+
+    def _bad_peer(self, link: Link, message: str) -> None:
+        peer = self.peers.get(link)
+        if peer is None or peer.job is None:
+            return self._refuse(link, f"protocol error: {message}")
+        who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
+        self._fail(peer.job, f"{who} sent a bad frame: {message}")
+
+    def _lost(self, link: Link, reason: str, midframe: bool) -> None:
+        peer = self.peers.get(link)
+        self._drop(link)
+        if peer is None or peer.job is None or peer.job.ended is not None:
+            return
+        job = peer.job
+        if peer.rack >= 0:
+            if peer.rack not in job.racks_done or midframe:
+                self._fail(job, f"rack {peer.rack}'s server lost: {reason}")
+            return
+        if (peer.lane, peer.local) in job.said_bye and not midframe:
+            return
+        self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}")
+
+    def _fail(self, job: Job, message: str) -> None:
+        if job.ended is not None:
+            return
+        job.ended = message
+        _log(f"core {self.core}: job {job.spec.job_id} failed: {message}")
+        frame = wire.control_frame(wire.Kind.ERROR, job.spec.job_id, wire.SERVER_SENDER,
+                                   {"message": f"job {job.spec.job_id} failed: {message}"})
+        for link in list(job.live_links()):
+            link.outq.clear()  # a result cut mid-way is worthless; the error must get through
+            link.send(frame)
+            link.flush_blocking(1.0)
+            self._drop(link)
+
+    def _check_stalls(self) -> None:
+        now = time.monotonic()
+        for job in self.jobs.values():
+            if job.ended is not None or job.state is None or not any(job.live_links()):
+                continue
+            idle = now - job.last_progress
+            pending = job.state.pending()
+            waiting = pending or any(link is None for links in job.links.values() for link in links)
+            if not waiting or idle < min(30.0, self.config.timeout / 2):
+                job.stall_reported = False
+                continue
+            missing = self._missing(job, pending)
+            if idle >= self.config.timeout:
+                self._fail(job, f"stalled for {idle:.0f} s waiting for {missing}")
+            elif not job.stall_reported:
+                job.stall_reported = True
+                _log(f"core {self.core}: job {job.spec.job_id} has waited {idle:.0f} s for {missing}")
+
+    @staticmethod
+    def _missing(job: Job, pending: List[ChunkState]) -> str:
+        first = job.spec.first_rank
+        unconnected = sorted({first + local for links in job.links.values()
+                              for local, link in enumerate(links) if link is None})
+        if unconnected:
+            return f"rank(s) {unconnected} to connect"
+        ranks = sorted({first + r for s in pending for r in s.missing(job.spec.num_workers)})
+        chunks = sorted(s.chunk.id for s in pending)
+        shown = ", ".join(map(str, chunks[:8])) + (" ..." if len(chunks) > 8 else "")
+        if not ranks and isinstance(job.state, HierarchicalJobState):
+            racks = sorted({r for s in pending for r in job.state.missing_racks(s)})
+            return f"rack(s) {racks} to send chunk(s) {shown}"
+        return f"rank(s) {ranks} to push chunk(s) {shown}"

@@ -1,0 +1,205 @@
+"""PHub for PyTorch: a DDP communication hook, and an optimizer that runs on the server.
+
+DDP, with the server only aggregating (averaged gradients come back; each worker's own
+optimizer then updates, exactly as with DDP's default allreduce)::
+
+    import phub.integrations.torch as phub_torch
+    client = phub.connect()                        # under `phub launch`
+    phub_torch.init_process_group(client)          # DDP still needs one for its own setup
+    model = DDP(net)
+    phub_torch.register_hook(model, client)        # gradients now travel through PHub
+
+A plain training loop (no DDP), with NAG or SGD running on the server, fused with aggregation::
+
+    opt = phub_torch.ServerOptimizer(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, client=client)
+    loss.backward(); opt.step(); opt.zero_grad()   # pushes every .grad, receives new weights
+
+Tensors travel as float32. CPU float32 contiguous tensors are sent and received in place (no
+copy); anything else (other dtypes, GPU) is copied to a float32 host array and back.
+"""
+import itertools
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import optim
+from ..client import Client, connect
+from ..errors import ConfigError
+from ._common import ensure_optimizer
+
+__all__ = ["init_process_group", "PHubHookState", "phub_hook", "register_hook", "ServerOptimizer"]
+
+_store_keys = itertools.count()
+
+
+def init_process_group(client: Client, backend: str = "gloo", timeout: float = 300.0) -> None:
+    """Initialize torch.distributed for the workers of `client`'s PHub job (same ranks).
+
+    With MASTER_ADDR and MASTER_PORT set, this is the usual `env://` start. Otherwise rank 0
+    opens a TCPStore on a free port of MASTER_ADDR (default 127.0.0.1) and the other workers
+    learn the port through PHub, so `phub launch` needs no extra configuration. Blocks until
+    every worker has joined; raises what `torch.distributed.init_process_group` raises.
+    """
+    rank, world = client.rank, client.num_workers
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        return
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = None
+    port = np.zeros(1, np.float32)
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world, True, timedelta(seconds=timeout), wait_for_workers=False)
+        port[0] = store.port  # a port number is exact in float32
+    client.init(f"torch.store_port.{next(_store_keys)}", port)  # rank 0's value reaches everyone
+    if rank != 0:
+        store = dist.TCPStore(host, int(port[0]), world, False, timedelta(seconds=timeout))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+
+
+def _host_float32(tensor: torch.Tensor) -> Tuple[np.ndarray, bool]:
+    """A float32 numpy array for `tensor`: a view of it when possible; (array, is_view)."""
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
+        return tensor.detach().numpy(), True
+    return tensor.detach().to("cpu", torch.float32).contiguous().numpy(), False
+
+
+class PHubHookState:
+    """What the DDP hook needs: the client, and one PHub key per bucket layout.
+
+    Buckets are keyed by (bucket index, element count). DDP calls the hook for buckets in index
+    order on every rank, and rebuilds its buckets once after the first iteration (the same way
+    on every rank), so all workers register the same new keys in the same order when the layout
+    changes. Results are completed by one helper thread that waits for PHub, in push order.
+    """
+
+    def __init__(self, client: Optional[Client] = None, prefix: str = "ddp"):
+        self.client = connect() if client is None else client
+        self.prefix = prefix
+        self.keys: Dict[Tuple[int, int], str] = {}
+        self._pending: "queue.Queue" = queue.Queue()
+        self._thread = threading.Thread(target=self._complete, name="phub-ddp-hook", daemon=True)
+        self._thread.start()
+
+    def key(self, index: int, numel: int) -> str:
+        """The bucket's PHub key, registering it (blocks: all workers register together) if new."""
+        key = self.keys.get((index, numel))
+        if key is None:
+            key = f"{self.prefix}.bucket{index}.n{numel}"
+            self.client.init(key, np.zeros(numel, np.float32))
+            self.keys[(index, numel)] = key
+        return key
+
+    def _complete(self) -> None:
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            handle, future, buffer, host, is_view = item
+            try:
+                handle.wait()
+                if not is_view:
+                    buffer.copy_(torch.from_numpy(host))
+                future.set_result(buffer)
+            except BaseException as exc:  # the future carries it to DDP's backward
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """Stop the helper thread (the client stays open: close it yourself)."""
+        self._pending.put(None)
+        self._thread.join()
+
+
+# Real (not string) annotations: DDP checks them when the hook is registered.
+def phub_hook(state: PHubHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's mean over all workers, computed by the PHub server.
+
+    Returns at once with a future that the state's helper thread completes when the result is
+    in the bucket. Registering a new bucket layout blocks until every worker registered it.
+    Errors from PHub (JobFailed, PHubTimeout) surface through the future in DDP's backward.
+    """
+    ensure_optimizer(state.client, optim.Aggregate(average=True))
+    buffer = bucket.buffer()
+    key = state.key(bucket.index(), buffer.numel())
+    host, is_view = _host_float32(buffer)
+    future: torch.futures.Future = torch.futures.Future()
+    handle = state.client.pushpull_async(key, host)  # in place: host receives the mean
+    state._pending.put((handle, future, buffer, host, is_view))
+    return future
+
+
+def register_hook(model: torch.nn.parallel.DistributedDataParallel, client: Optional[Client] = None,
+                  prefix: str = "ddp") -> PHubHookState:
+    """Send `model`'s gradient buckets through PHub; returns the hook's state."""
+    state = PHubHookState(client, prefix)
+    model.register_comm_hook(state, phub_hook)
+    return state
+
+
+class ServerOptimizer(torch.optim.Optimizer):
+    """SGD / Nesterov SGD run by the PHub server on the mean of all workers' gradients.
+
+    Same arguments as `torch.optim.SGD` (no dampening). `nesterov=True` is PHub's NAG, the same
+    update as torch's Nesterov SGD; otherwise PHub's SGD, the same as torch's while the learning
+    rate is constant (PHub folds the learning rate into the momentum buffer, as MXNet does, so
+    after a learning-rate change the two differ). Learning rates are read from `param_groups` at
+    every step, so torch's lr schedulers work. With `average=True` (default) the server applies
+    1/num_workers to the summed gradients: N workers with batch b train like one with N*b.
+
+    Construction registers every parameter with the server and overwrites it with rank 0's
+    values (blocks until all workers did the same, in the same order). `step()` blocks until the
+    new weights are in the parameters. A parameter without a gradient is pushed as zeros, so
+    that every worker pushes the same keys (it still decays and keeps its momentum).
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False, client: Optional[Client] = None, prefix: str = "param",
+                 average: bool = True):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ConfigError(f"lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov))
+        self.client = connect() if client is None else client
+        self.average = average
+        self._keys: Dict[torch.Tensor, str] = {}
+        params = [p for group in self.param_groups for p in group["params"]]
+        keys = [f"{prefix}{i}" for i in range(len(params))]
+        hosts = [_host_float32(p.data) for p in params]
+        self.client.init(keys, [h for h, _ in hosts])  # now rank 0's values
+        for p, key, (host, is_view) in zip(params, keys, hosts):
+            self._keys[p] = key
+            if not is_view:
+                p.data.copy_(torch.from_numpy(host))
+
+    def _server_optimizer(self, group) -> optim.Optimizer:
+        rescale = 1.0 / self.client.num_workers if self.average else 1.0
+        kind = optim.NAG if group["nesterov"] else optim.SGD
+        return kind(learning_rate=float(group["lr"]), momentum=float(group["momentum"]),
+                    wd=float(group["weight_decay"]), rescale_grad=rescale)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Push every parameter's gradient, wait for the new weights; returns closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            # One group at a time: a group's learning rate applies only to its own round.
+            ensure_optimizer(self.client, self._server_optimizer(group))
+            inflight: List[tuple] = []
+            for p in reversed(group["params"]):  # last layers first, as backward produced them
+                grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                grad_host, _ = _host_float32(grad)
+                weight_host, is_view = _host_float32(p.data)
+                handle = self.client.pushpull_async(self._keys[p], grad_host, out=weight_host)
+                inflight.append((handle, p, weight_host, is_view))
+            for handle, p, weight_host, is_view in inflight:
+                handle.wait()
+                if not is_view:
+                    p.data.copy_(torch.from_numpy(weight_host))
+        return loss

@@ -1,0 +1,75 @@
+"""PyTorch through PHub: the DDP hook against DDP's own gloo allreduce, and ServerOptimizer
+against torch's SGD in one process on the summed batch.
+
+Two real worker processes (`phub launch -n 2`, gloo on loopback for DDP's setup) run every
+scenario of workers/torch_worker.py for STEPS steps.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
+
+from workers.torch_worker import SERVER, train_single  # noqa: E402
+
+WORKER = str(Path(__file__).parent / "workers" / "torch_worker.py")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """What both workers saved: [rank 0's arrays, rank 1's arrays]."""
+    out = tmp_path_factory.mktemp("torch")
+    env = dict(os.environ, PHUB_TEST=json.dumps({"out_dir": str(out), "steps": STEPS}), OMP_NUM_THREADS="1")
+    env.pop("MASTER_ADDR", None)  # exercise the store whose port travels through PHub
+    proc = subprocess.run([sys.executable, "-m", "phub", "launch", "-n", "2", "--timeout", "120", "--",
+                           sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"phub launch failed:\n{proc.stdout}\n{proc.stderr}"
+    return [dict(np.load(out / f"rank{r}.npz")) for r in range(2)]
+
+
+def relative_error(got, want):
+    return np.max(np.abs(got - want)) / np.max(np.abs(want))
+
+
+def test_ddp_hook_matches_ddp_with_gloo(saved):
+    start = train_single("gloo", 0, 2)
+    for name in start:
+        hook = [s[f"hook|{name}"] for s in saved]
+        gloo = [s[f"gloo|{name}"] for s in saved]
+        assert np.array_equal(hook[0], hook[1]) and np.array_equal(gloo[0], gloo[1]), name
+        assert relative_error(hook[0], gloo[0]) <= 1e-6, f"{name}: phub hook vs gloo"
+        assert np.max(np.abs(gloo[0] - start[name])) > 1e-2  # training moved the weights
+
+
+def test_ddp_hook_follows_the_bucket_rebuild(saved):
+    # DDP starts with one bucket and, after the first iteration, rebuilds it into two in the
+    # order gradients became ready (out layer: 64 + 4 values, hidden: 128 + 16): the hook
+    # registered a key for each layout it saw.
+    layouts = [tuple(row) for row in saved[0]["hook_layouts"]]
+    assert sorted(layouts) == [(0, 68), (0, 212), (1, 144)]
+    assert layouts == [tuple(row) for row in saved[1]["hook_layouts"]]
+
+
+@pytest.mark.parametrize("scenario", list(SERVER))
+def test_server_optimizer_matches_torch_sgd_on_summed_batch(saved, scenario):
+    want = train_single(scenario, STEPS, 2)
+    start = train_single(scenario, 0, 2)
+    for name, expected in want.items():
+        got = [s[f"{scenario}|{name}"] for s in saved]
+        assert np.array_equal(got[0], got[1]), f"{scenario} {name}: the two workers disagree"
+        assert relative_error(got[0], expected) <= 1e-5, f"{scenario} {name}"
+        assert np.max(np.abs(expected - start[name])) > 1e-2
+
+
+def test_server_optimizer_rejects_bad_arguments():
+    from phub.errors import ConfigError
+    from phub.integrations.torch import ServerOptimizer
+
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        ServerOptimizer([torch.nn.Parameter(torch.zeros(2))], lr=-1.0, client=object())
