@@ -1,0 +1,53 @@
+# Experiments: one tidy CSV per point, written atomically by run_point.py; finished points are
+# skipped on a rerun because their CSV exists.
+
+
+rule point_list:
+    output:
+        RESULTS + "/points/all.json",
+    run:
+        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
+        Path(output[0]).write_text(json.dumps(point_outputs()))
+
+
+rule point_spec:
+    output:
+        RESULTS + "/points/{experiment}/{point}.json",
+    run:
+        Path(output[0]).write_text(json.dumps(POINTS[f"{wildcards.experiment}/{wildcards.point}"]))
+
+
+rule run_point:
+    input:
+        selftest=RESULTS + "/build/selftest.json",
+        point=RESULTS + "/points/{experiment}/{point}.json",
+        progress=RESULTS + "/points/all.json",
+    output:
+        RESULTS + "/points/{experiment}/{point}.csv",
+    log:
+        RESULTS + "/logs/points/{experiment}/{point}.log",
+    resources:
+        # Points share the machine's cores and the emulated links: one at a time locally.
+        bench=1,
+    shell:
+        "{PYTHON} workflow/scripts/run_point.py --point {input.point} --out {output} "
+        "--progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"
+
+
+rule results:
+    input:
+        point_outputs(),
+    output:
+        RESULTS + "/results.csv",
+    run:
+        import csv
+        rows = []
+        for path in input:
+            with open(path) as f:
+                rows.extend(csv.DictReader(f))
+        tmp = output[0] + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["experiment"])
+            writer.writeheader()
+            writer.writerows(rows)
+        Path(tmp).replace(output[0])

@@ -1,0 +1,135 @@
+"""Measure one experiment point: run `phub bench exchange` `repeats` times, write one tidy CSV.
+
+    python workflow/scripts/run_point.py --point POINT.json --out results/points/EXP/ID.csv
+                                         [--progress results/progress.json]
+
+The CSV appears only when every repeat succeeded (written to a temp file, then renamed), so an
+interrupted run leaves no partial file and a rerun redoes exactly the unfinished points. On an
+emulated network every repeat brings its rack up and down (the bench does, also on failure).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
+           "oversubscription", "network", "setting", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
+           "compute", "variant", "repeat", "seconds_per_iteration", "exchanges_per_s", "samples_per_s",
+           "bytes_per_worker", "verified", "git_commit", "host"]
+
+
+def bench_argv(point: dict, spec_path: str = "") -> list:
+    argv = [sys.executable, "-m", "phub", "bench", "exchange", "--json",
+            "--system", point["system"], "--model", point["model"], "--workers", str(point["workers"]),
+            "--iterations", str(point["iterations"]), "--warmup", str(point["warmup"]),
+            "--compute", point["compute"], "--chunk-bytes", str(point["chunk_bytes"]),
+            "--cores", str(point["cores"]), "--network", point["network"]]
+    if point.get("variant"):
+        argv += ["--variant", point["variant"]]
+    if point["network"] == "emulated":
+        argv += ["--spec", spec_path]
+    else:
+        argv += ["--racks", str(point["racks"]), "--interfaces-count", str(point["interfaces"])]
+    return argv
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except OSError:
+        return ""
+
+
+def tidy_row(point: dict, repeat: int, result: dict, commit: str) -> dict:
+    extra = result.get("cluster", {}) or {}
+    return {
+        "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
+        "workers": point["workers"], "racks": point["racks"], "interfaces": point["interfaces"],
+        "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "oversubscription": point["oversubscription"],
+        "network": point["network"], "setting": point["setting"],
+        "link_gbps": extra.get("host_link_mbit", 0) / 1000 if extra.get("host_link_mbit") else "",
+        "link_gbps_measured": extra.get("host_link_measured_mbit", 0) / 1000 if extra.get("host_link_measured_mbit") else "",
+        "s_n": extra.get("scale_network", 1), "s_m": extra.get("scale_model", 1), "s_t": extra.get("scale_time", 1),
+        "compute": point["compute"], "variant": point["variant"], "repeat": repeat,
+        "seconds_per_iteration": result["seconds_per_iteration"], "exchanges_per_s": result["exchanges_per_s"],
+        "samples_per_s": result.get("samples_per_s", ""), "bytes_per_worker": result["bytes_per_worker"],
+        "verified": result.get("verified", False), "git_commit": commit, "host": platform.node(),
+    }
+
+
+def write_atomic(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--point", required=True, help="the point as JSON (a file path)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--progress", help="JSON list of every point's output path, for progress reports")
+    args = parser.parse_args()
+    point = json.loads(Path(args.point).read_text())
+    label = f"{point['experiment']}/{point['id']}"
+    if args.progress:
+        print(progress_line(json.loads(Path(args.progress).read_text()), label), file=sys.stderr, flush=True)
+    point_started = time.monotonic()
+    commit = git_commit()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="phub-point-") as tmp:
+        spec_path = os.path.join(tmp, "rack.json")
+        Path(spec_path).write_text(json.dumps(point.get("rack", {})))
+        for repeat in range(point["repeats"]):
+            started = time.monotonic()
+            run = subprocess.run(bench_argv(point, spec_path), stdout=subprocess.PIPE, text=True)
+            if run.returncode != 0:
+                print(f"{label}: repeat {repeat} failed (status {run.returncode})", file=sys.stderr)
+                return 1
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+            rows.append(tidy_row(point, repeat, result, commit))
+            print(f"{label}: repeat {repeat + 1}/{point['repeats']}: "
+                  f"{result['seconds_per_iteration'] * 1e3:.1f} ms per iteration "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    write_atomic(Path(args.out), rows)
+    _log_duration(Path(args.out), time.monotonic() - point_started)
+    return 0
+
+
+def _log_duration(out: Path, seconds: float) -> None:
+    # One line per finished point, beside the points: what the progress estimate averages.
+    with open(out.parent.parent / "durations.log", "a") as log:
+        log.write(f"{out} {seconds:.1f}\n")
+
+
+def progress_line(outputs: list, label: str) -> str:
+    """"[point K of N, about M min left] EXP/ID" from what is already on disk."""
+    done = [p for p in outputs if Path(p).exists()]
+    log = Path(outputs[0]).parent.parent / "durations.log" if outputs else None
+    seconds = []
+    if log and log.exists():
+        seconds = [float(line.split()[-1]) for line in log.read_text().splitlines() if line.strip()]
+    left = ""
+    if seconds:
+        left = f", about {sum(seconds) / len(seconds) * (len(outputs) - len(done)) / 60:.0f} min left"
+    return f"[point {len(done) + 1} of {len(outputs)}{left}] {label}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
