@@ -172,7 +172,7 @@ class JobState:
 
     # -- rounds ---------------------------------------------------------------------------
     def set_optimizer(self, lane: int, optimizer: Optimizer) -> None:
-        """Rank 0's optimizer, applied to the chunks of `lane` from their next round on.
+        """Rank 0's optimizer, applied to the chunks of `lane` in every round completed from now on.
 
         It is kept per lane because frames on one connection arrive in order: every chunk of a
         lane sees the optimizer rank 0 sent on that lane before its push, whatever other lanes do.

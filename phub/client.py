@@ -225,9 +225,11 @@ class Client:
         handle.wait()
 
     def set_optimizer(self, optimizer: Optimizer) -> None:
-        """Run `optimizer` on the server from the next push on (only rank 0's call takes effect,
-        as in MXNet, or each rack's first rank's with two-phase reduction; calling it again, e.g.
-        with a new learning rate, replaces it). Does not block."""
+        """Run `optimizer` on the server (only rank 0's call takes effect, as in MXNet, or each
+        rack's first rank's with two-phase reduction). It applies to every round of a chunk that
+        completes after it reaches the server, so a round this worker pushed already but that
+        waits for slower workers may use it too: to switch at an exact iteration (e.g. a new
+        learning rate), `wait_all()` first. Does not block."""
         if not isinstance(optimizer, Optimizer):
             raise ConfigError(f"set_optimizer takes a phub optimizer (NAG, SGD, Aggregate), got {optimizer!r}")
         self._check_failed()

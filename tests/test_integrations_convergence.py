@@ -6,7 +6,6 @@ import pytest
 
 pytest.importorskip("mxnet", reason="mxnet is not installed (pip install -e '.[test]')")
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
-pytest.importorskip("sklearn", reason="scikit-learn is not installed (pip install -e '.[test]')")
 
 from phub.integrations import convergence  # noqa: E402
 from phub.integrations.digits import FRAMEWORKS, curve  # noqa: E402

@@ -80,7 +80,7 @@ def run(frameworks: Sequence[str] = FRAMEWORKS, workers: Sequence[int] = (2, 4),
         settings: Settings = Settings()) -> Result:
     """Train every framework single-process and with each worker count; compare the curves.
 
-    Blocks until all runs finished (about a minute on two cores). Raises ValueError for an
+    Blocks until all runs finished (about 90 s on two cores). Raises ValueError for an
     unknown framework, RuntimeError (with the workers' output) if a PHub job fails.
     """
     unknown = set(frameworks) - set(FRAMEWORKS)

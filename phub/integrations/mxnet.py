@@ -4,14 +4,15 @@
     kv = phub_mx.create()          # connects like phub.connect(): run under `phub launch`
     trainer = gluon.Trainer(net.collect_params(), "nag",
                             {"learning_rate": 0.1, "momentum": 0.9}, kvstore=kv)
+    phub_mx.sync_initial_weights(trainer)   # every worker starts from rank 0's weights
     ...
     trainer.step(local_batch_size)
     kv.close()
 
-Pass the instance. The class is also registered with MXNet as ``phub`` (`mx.kv.create("phub")`
-works), but MXNet 1.9.1's Trainer silently ignores a kvstore given *by name* when the parameters
-live on a single device, and then trains alone without a word: `kvstore="phub"` only takes
-effect with several devices per worker.
+Pass the instance. Importing this module also registers the class with MXNet as ``phub``
+(`mx.kv.create("phub")` works), but MXNet 1.9.1's Trainer silently ignores a kvstore given *by
+name* when the parameters live on a single device, and then trains alone without a word:
+`kvstore="phub"` only takes effect with several devices per worker.
 
 What runs where (MXNet's `update_on_kvstore`):
 
@@ -20,6 +21,8 @@ What runs where (MXNet's `update_on_kvstore`):
   trainer's optimizer exactly as MXNet's own updater would (learning rate from `set_learning_rate`
   or the `lr_scheduler` at the current update count, times the parameter's `lr_mult`; `wd` times
   `wd_mult`; momentum; `rescale_grad`; `clip_gradient`) and sends it to the server when it changed.
+  With wd != 0 the server's NAG follows the NAG formula exactly; MXNet 1.9.1's own kernel drifts
+  from it slightly (it reads the already-updated weight for the decay term).
 - ``update_on_kvstore`` True with any other optimizer (Adam, ...): the server cannot run it, so
   this kvstore aggregates on the server and runs MXNet's own updater on the worker, on the mean
   gradient, just as MXNet's ``local`` kvstore updates inside the store. Every worker applies the
@@ -32,8 +35,8 @@ batch b train exactly like one process with batch N*b. (MXNet's ``dist_sync`` su
 
 Keys may be int or str. Arrays may be NDArrays of any float dtype on any context; they travel as
 float32: one copy out of MXNet (`asnumpy`) and one copy back into each output. Every `pushpull`
-blocks until its result is written (like `wait_to_read` on the outputs); which is also what lets
-each key carry its own learning rate. Sparse arrays are not supported.
+blocks until its result is written, so the Trainer's next forward pass sees the new weights
+(MXNet's engine knows nothing of PHub's transfers). Sparse arrays are not supported.
 """
 from __future__ import annotations
 
