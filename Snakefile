@@ -24,3 +24,4 @@ rule all:
     input:
         RESULTS + "/report.md",
         expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
+        RESULTS + "/figures/convergence.png",

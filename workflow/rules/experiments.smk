@@ -51,3 +51,19 @@ rule results:
             writer.writeheader()
             writer.writerows(rows)
         Path(tmp).replace(output[0])
+
+
+rule convergence:
+    # Real training (scikit-learn's digits, MXNet and PyTorch) through PHub vs one process.
+    input:
+        RESULTS + "/build/selftest.json",
+    output:
+        csv=RESULTS + "/convergence.csv",
+        plot=report(RESULTS + "/figures/convergence.png", caption="../../analysis/captions/convergence.rst",
+                    category="Figures"),
+    log:
+        RESULTS + "/logs/convergence.log",
+    resources:
+        bench=1,
+    shell:
+        "{PYTHON} -m phub.integrations.convergence --out {output.csv} --plot {output.plot} 2> {log}"
