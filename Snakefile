@@ -24,4 +24,3 @@ rule all:
     input:
         RESULTS + "/report.md",
         expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
-        RESULTS + "/figures/convergence.png",

@@ -34,36 +34,15 @@ rule run_point:
         "--progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"
 
 
-rule results:
-    input:
-        point_outputs(),
-    output:
-        RESULTS + "/results.csv",
-    run:
-        import csv
-        rows = []
-        for path in input:
-            with open(path) as f:
-                rows.extend(csv.DictReader(f))
-        tmp = output[0] + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["experiment"])
-            writer.writeheader()
-            writer.writerows(rows)
-        Path(tmp).replace(output[0])
-
-
 rule convergence:
     # Real training (scikit-learn's digits, MXNet and PyTorch) through PHub vs one process.
     input:
         RESULTS + "/build/selftest.json",
     output:
-        csv=RESULTS + "/convergence.csv",
-        plot=report(RESULTS + "/figures/convergence.png", caption="../../analysis/captions/convergence.rst",
-                    category="Figures"),
+        RESULTS + "/points/convergence/curves.csv",
     log:
         RESULTS + "/logs/convergence.log",
     resources:
         bench=1,
     shell:
-        "{PYTHON} -m phub.integrations.convergence --out {output.csv} --plot {output.plot} 2> {log}"
+        "{PYTHON} -m phub.integrations.convergence --out {output} 2> {log}"

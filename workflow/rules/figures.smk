@@ -7,7 +7,7 @@ for _figure in FIGURES:
         name:
             f"figure_{_figure}"
         input:
-            RESULTS + "/results.csv",
+            all_results(),
         output:
             report(
                 RESULTS + f"/figures/{_figure}.png",
@@ -19,4 +19,5 @@ for _figure in FIGURES:
         params:
             figure=_figure,
         shell:
-            "{PYTHON} -m analysis figure {params.figure} --results {input} --out {output} 2> {log}"
+            "{PYTHON} -m analysis figures --results {RESULTS}/points --out {RESULTS}/figures "
+            "--only {params.figure} 2> {log}"

@@ -3,12 +3,12 @@
 
 rule report:
     input:
-        results=RESULTS + "/results.csv",
-        figures=expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
+        all_results(),
+        expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
     output:
         RESULTS + "/report.md",
     log:
         RESULTS + "/logs/report.log",
     shell:
-        "{PYTHON} -m analysis report --results {input.results} --figures {RESULTS}/figures "
+        "{PYTHON} -m analysis report --results {RESULTS}/points --figures {RESULTS}/figures "
         "--out {output} 2> {log}"

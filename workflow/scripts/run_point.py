@@ -60,7 +60,9 @@ def tidy_row(point: dict, repeat: int, result: dict, commit: str) -> dict:
         "link_gbps_measured": extra.get("host_link_measured_mbit", 0) / 1000 if extra.get("host_link_measured_mbit") else "",
         "s_n": extra.get("scale_network", 1), "s_m": extra.get("scale_model", 1), "s_t": extra.get("scale_time", 1),
         "compute": point["compute"], "variant": point["variant"], "repeat": repeat,
-        "seconds_per_iteration": result["seconds_per_iteration"], "exchanges_per_s": result["exchanges_per_s"],
+        "seconds_per_iteration": result["seconds_per_iteration"],
+        # every worker completes one exchange per iteration: the rate of the whole job
+        "exchanges_per_s": point["workers"] / result["seconds_per_iteration"],
         "samples_per_s": result.get("samples_per_s", ""), "bytes_per_worker": result["bytes_per_worker"],
         "verified": result.get("verified", False), "git_commit": commit, "host": platform.node(),
     }

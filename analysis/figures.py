@@ -1,0 +1,63 @@
+"""Every paper figure, ours beside the paper's: a registry of figure functions and `render_all`.
+
+Each figure function takes the tidy data (run rows; the convergence curves for `convergence`),
+the reference tables and an output directory, writes `<name>.png` atomically and returns its path.
+When a figure has no data of ours, its panel says "no data from this run" instead of failing.
+The caption of each figure (for Snakemake's `report()`) is `analysis/captions/<name>.rst`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, Mapping, Optional, Union
+
+from . import fig_micro, fig_pbox, fig_rack
+from . import reference as reference_data
+from .results import Results
+
+CAPTION_DIR = Path(__file__).resolve().parent / "captions"
+
+# name -> function, in the order of the paper's evaluation; the letters follow the project's brief
+FIGURES: Dict[str, Callable[..., Path]] = {
+    "speedup_end_to_end": fig_pbox.speedup_end_to_end,  # (a)
+    "pbox_capacity": fig_pbox.pbox_capacity,  # (b)
+    "scaling": fig_pbox.scaling,  # (c)
+    "cross_rack": fig_rack.cross_rack,  # (d)
+    "oversubscription": fig_rack.oversubscription,  # (e)
+    "breakdown": fig_micro.breakdown,  # (f)
+    "chunk_sweep": fig_micro.chunk_sweep,  # (g)
+    "bandwidth_per_ps": fig_micro.bandwidth_per_ps,  # (h)
+    "convergence": fig_micro.convergence,  # (i)
+}
+
+
+def caption_path(name: str) -> Path:
+    """The caption file of figure `name`."""
+    if name not in FIGURES:
+        raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}")
+    return CAPTION_DIR / f"{name}.rst"
+
+
+def caption(name: str) -> str:
+    """The caption text of figure `name`."""
+    return caption_path(name).read_text()
+
+
+def render(name: str, results: Results, out_dir: Union[str, Path], ref=None,
+           compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
+    """Draw one figure into `out_dir`; return the PNG's path."""
+    if name not in FIGURES:
+        raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}")
+    ref = reference_data.load() if ref is None else ref
+    out_dir = Path(out_dir)
+    if name == "convergence":
+        return fig_micro.convergence(results.convergence, ref, out_dir)
+    if name == "bandwidth_per_ps":
+        return fig_micro.bandwidth_per_ps(results.runs, ref, out_dir, compute_seconds=compute_seconds)
+    return FIGURES[name](results.runs, ref, out_dir)
+
+
+def render_all(results: Results, out_dir: Union[str, Path], ref=None,
+               compute_seconds: Optional[Mapping[str, float]] = None) -> Dict[str, Path]:
+    """Draw every figure into `out_dir`; return name -> PNG path."""
+    ref = reference_data.load() if ref is None else ref
+    return {name: render(name, results, out_dir, ref, compute_seconds) for name in FIGURES}

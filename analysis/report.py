@@ -1,0 +1,102 @@
+"""`results/report.md`: every paper claim beside our number with a verdict, the figures, and the
+facts of the run (network, scale factors, measured link rates, host, commit)."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import List, Mapping, Optional, Union
+
+import pandas as pd
+
+from . import reference as reference_data
+from .claims import all_claims
+from .figures import FIGURES
+from .output import write_text
+from .results import Results
+from .verdict import RULE, Claim, fmt
+
+
+def _cell(text: str) -> str:
+    """Markdown table cells cannot hold a bare '|' or a line break."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def claims_table(claims: List[Claim]) -> str:
+    """One markdown table per section, one row per claim."""
+    lines: List[str] = []
+    section = None
+    for c in claims:
+        if c.section != section:
+            section = c.section
+            lines += ["", f"### {section}", "", "| claim | paper | ours | ours / paper | verdict | why |",
+                      "|---|---|---|---|---|---|"]
+        ratio = "—" if c.ratio is None else f"{c.ratio:.2f}"
+        lines.append("| " + " | ".join(_cell(x) for x in (c.claim, fmt(c.paper, c.unit), fmt(c.ours, c.unit),
+                                                            ratio, f"**{c.verdict}**", c.reason)) + " |")
+    return "\n".join(lines)
+
+
+def _values(runs: pd.DataFrame, column: str) -> str:
+    values = sorted({str(v) for v in runs[column].dropna() if str(v) != ""})
+    return ", ".join(values) if values else "—"
+
+
+def facts(runs: pd.DataFrame) -> str:
+    """The run's facts, from the result rows themselves."""
+    if runs.empty:
+        return "No run rows were found: every measured claim below is **no data**."
+    per_experiment = ", ".join(f"{name} {count}" for name, count in sorted(Counter(runs["experiment"]).items()))
+    lines = [f"- rows: {len(runs)} ({per_experiment})",
+             f"- network: {_values(runs, 'network')}; setting: {_values(runs, 'setting')}; "
+             f"compute: {_values(runs, 'compute')}",
+             f"- scale factors: s_n = {_values(runs, 's_n')}; s_m = {_values(runs, 's_m')}; "
+             f"s_t = {_values(runs, 's_t')}",
+             f"- hosts: {_values(runs, 'host')}; git commits: {_values(runs, 'git_commit')}"]
+    unverified = int((runs["verified"] == False).sum())  # noqa: E712 (a nullable boolean column)
+    lines.append(f"- runs whose results were not verified: {unverified}" + (" **(check these)**" if unverified else ""))
+    links = runs.dropna(subset=["link_gbps"])
+    if not links.empty:
+        lines += ["", "Link rates (Gbps), configured vs measured (median over runs):", "",
+                  "| experiment | configured | measured | measured / configured |", "|---|---|---|---|"]
+        for (name, configured), rows in links.groupby(["experiment", "link_gbps"]):
+            measured = rows["link_gbps_measured"].median()
+            ratio = "—" if pd.isna(measured) else f"{measured / configured:.2f}"
+            lines.append(f"| {name} | {configured:g} | {fmt(measured)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def figures_list(figures_dir: Union[str, Path], report_path: Union[str, Path]) -> str:
+    """Each expected figure with its path relative to the report, or 'missing'."""
+    base = Path(report_path).resolve().parent
+    lines = []
+    for name in FIGURES:
+        png = Path(figures_dir).resolve() / f"{name}.png"
+        relative = os.path.relpath(png, base)
+        lines.append(f"- [{name}]({relative})" if png.exists() else f"- {name}: missing ({relative})")
+    return "\n".join(lines)
+
+
+def render(results: Results, figures_dir: Union[str, Path], report_path: Union[str, Path], ref=None,
+           compute_seconds: Optional[Mapping[str, float]] = None) -> str:
+    """The report as markdown text."""
+    ref = reference_data.load() if ref is None else ref
+    claims = all_claims(results.runs, ref, compute_seconds)
+    tally = Counter(c.verdict for c in claims)
+    summary = ", ".join(f"{tally[v]} {v}" for v in ("agree", "differ", "no data", "paper only"))
+    return "\n".join([
+        "# PHub reproduction: the paper's claims vs this run", "",
+        "Each row is one claim of the paper (the SoCC'18 paper and its posters; the numbers are in "
+        "`analysis/reference/`, with provenance) beside what this run measured. "
+        f"Claims: {len(claims)} ({summary}).", "",
+        "## How agreement is judged", "", RULE, "",
+        "## The run", "", facts(results.runs), "",
+        "## Claims", claims_table(claims), "",
+        "## Figures", "", "Ours beside the paper's. The captions are in `analysis/captions/`.", "",
+        figures_list(figures_dir, report_path), ""])
+
+
+def write(results: Results, figures_dir: Union[str, Path], out: Union[str, Path], ref=None,
+          compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
+    """Write the report to `out` atomically; return its path."""
+    return write_text(out, render(results, figures_dir, out, ref, compute_seconds))

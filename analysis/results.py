@@ -1,0 +1,196 @@
+"""Load and validate the tidy result CSVs that the experiments write.
+
+A results directory holds, at any depth, two kinds of CSV file:
+
+* **run files** (one row per measured run), with the columns of `COLUMNS` below. Extra columns
+  are kept. `exchanges_per_s` counts whole-model exchanges (one worker pushing its gradients and
+  receiving new weights) per second, summed over the workers of the job.
+* **convergence curves**, with the columns `framework, workers, epoch` and a loss column:
+  `loss`, or `train_loss` as `phub.integrations.convergence` writes it.
+
+A file is read as a run file when it has an `experiment` column, or as a convergence curve when
+it has `framework` and `epoch` columns. Any other file, a missing column, or a value that does
+not parse raises `ResultsError`, and the message names the file, the column and the first bad row.
+Files whose names start with "." are skipped, because those are temporary files from atomic writes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Union
+
+import pandas as pd
+
+EXPERIMENTS = ("pbox", "capacity", "scaling", "cross_rack", "oversubscription", "breakdown",
+               "chunk_sweep", "convergence")
+SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
+NETWORKS = ("loopback", "emulated", "cluster")
+SETTINGS = ("cloud10g", "ib56g", "")
+COMPUTE = ("zero", "replay", "real")
+VARIANTS = ("full", "no_aggregation", "no_optimizer", "no_compute", "")
+
+INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat")
+REAL = ("oversubscription", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
+        "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker")
+BOOLEAN = ("verified",)
+COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores",
+           "chunk_bytes", "oversubscription", "network", "setting", "link_gbps",
+           "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "repeat",
+           "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker",
+           "verified", "git_commit", "host")
+# Columns that may not be empty on any row (the others can be empty where they do not apply,
+# e.g. samples_per_s in a run with compute removed).
+REQUIRED_VALUES = ("experiment", "system", "workers", "repeat")
+ALLOWED = {"experiment": EXPERIMENTS, "system": SYSTEMS, "network": NETWORKS, "setting": SETTINGS,
+           "compute": COMPUTE, "variant": VARIANTS}
+CONVERGENCE_COLUMNS = ("framework", "workers", "epoch", "loss")
+
+PathLike = Union[str, Path]
+
+
+class ResultsError(ValueError):
+    """A results file is malformed; the message names the file and the column."""
+
+
+@dataclass
+class Results:
+    runs: pd.DataFrame  # one row per measured run, COLUMNS (+ extras) plus `source_file`
+    convergence: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONVERGENCE_COLUMNS))
+
+
+def empty_runs() -> pd.DataFrame:
+    """A run table with no rows (what a run that measured nothing looks like)."""
+    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS + ("source_file",)})
+
+
+def _dtype(column: str) -> str:
+    if column in INTEGER:
+        return "Int64"
+    if column in REAL:
+        return "float64"
+    if column in BOOLEAN:
+        return "boolean"
+    return "object"
+
+
+def _first_bad(mask: pd.Series) -> int:
+    """1-based line number in the file of the first True in mask (line 1 is the header)."""
+    return int(mask.to_numpy().nonzero()[0][0]) + 2
+
+
+def _fail(path: Path, message: str) -> None:
+    raise ResultsError(f"{path}: {message}")
+
+
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        # Everything as text first, so that a bad value can be reported with its column and row.
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        _fail(path, "empty file (not even a header line)")
+    except pd.errors.ParserError as exc:
+        _fail(path, f"not a readable CSV ({exc})")
+    raise AssertionError("unreachable")
+
+
+def _convert(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Typed copy of a run file's text columns; ResultsError on the first value that does not parse."""
+    out = frame.copy()
+    for column in INTEGER + REAL:
+        text = frame[column].str.strip()
+        numbers = pd.to_numeric(text.where(text != ""), errors="coerce")
+        bad = numbers.isna() & (text != "")
+        if bad.any():
+            _fail(path, f"column {column!r}, line {_first_bad(bad)}: {text[bad].iloc[0]!r} is not a number")
+        if column in INTEGER:
+            fractional = numbers.notna() & (numbers != numbers.round())
+            if fractional.any():
+                _fail(path, f"column {column!r}, line {_first_bad(fractional)}: "
+                            f"{text[fractional].iloc[0]!r} is not a whole number")
+            numbers = numbers.round().astype("Int64")
+        out[column] = numbers
+    for column in BOOLEAN:
+        text = frame[column].str.strip().str.lower()
+        mapping = {"true": True, "1": True, "false": False, "0": False, "": pd.NA}
+        bad = ~text.isin(list(mapping))
+        if bad.any():
+            _fail(path, f"column {column!r}, line {_first_bad(bad)}: {frame[column][bad].iloc[0]!r} "
+                        f"is not true/false")
+        out[column] = text.map(mapping).astype("boolean")
+    for column, allowed in ALLOWED.items():
+        bad = ~out[column].isin(allowed)
+        if bad.any():
+            _fail(path, f"column {column!r}, line {_first_bad(bad)}: {out[column][bad].iloc[0]!r} is not one "
+                        f"of {', '.join(repr(a) for a in allowed)}")
+    for column in REQUIRED_VALUES:
+        missing = out[column].isna() | (out[column].astype(str) == "")
+        if missing.any():
+            _fail(path, f"column {column!r} is empty on line {_first_bad(missing)}")
+    return out
+
+
+def _convergence(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    if "loss" not in frame.columns and "train_loss" in frame.columns:
+        frame = frame.rename(columns={"train_loss": "loss"})
+    missing = [c for c in CONVERGENCE_COLUMNS if c not in frame.columns]
+    if missing:
+        _fail(path, f"convergence curve without column(s) {', '.join(repr(c) for c in missing)}")
+    out = frame.copy()
+    for column in ("workers", "epoch", "loss"):
+        numbers = pd.to_numeric(frame[column].str.strip(), errors="coerce")
+        if numbers.isna().any():
+            _fail(path, f"column {column!r}, line {_first_bad(numbers.isna())}: "
+                        f"{frame[column][numbers.isna()].iloc[0]!r} is not a number")
+        out[column] = numbers
+    out["workers"] = out["workers"].astype(int)
+    return out
+
+
+def read_file(path: PathLike) -> pd.DataFrame:
+    """One run file, typed and validated (see the module docstring)."""
+    return _runs(_read(Path(path)), Path(path))
+
+
+def _runs(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        _fail(path, f"missing column(s) {', '.join(repr(c) for c in missing)} "
+                    f"(a run file needs: {', '.join(COLUMNS)})")
+    out = _convert(frame, path)
+    out["source_file"] = str(path)
+    return out
+
+
+def load(directory: PathLike) -> Results:
+    """Every CSV under `directory`, concatenated: run files into `runs`, curves into `convergence`.
+
+    A directory with no CSV files gives empty tables (the figures then say "no data").
+    FileNotFoundError if the directory does not exist.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"results directory {directory} does not exist")
+    runs: List[pd.DataFrame] = []
+    curves: List[pd.DataFrame] = []
+    for path in sorted(directory.rglob("*.csv")):
+        if any(part.startswith(".") for part in path.relative_to(directory).parts):
+            continue
+        frame = _read(path)
+        if "experiment" in frame.columns:
+            runs.append(_runs(frame, path))
+        elif {"framework", "epoch"} <= set(frame.columns):
+            curves.append(_convergence(frame, path))
+        else:
+            _fail(path, "missing column 'experiment' (a run file) or 'framework' and 'epoch' "
+                        "(a convergence curve)")
+    result = Results(pd.concat(runs, ignore_index=True) if runs else empty_runs())
+    if curves:
+        result.convergence = pd.concat(curves, ignore_index=True)
+    return result
+
+
+def experiment(runs: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of one experiment (a copy, so callers may add columns)."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
+    return runs[runs["experiment"] == name].copy()
