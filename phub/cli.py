@@ -1,4 +1,4 @@
-"""The `phub` command: server, launch, bench, selftest, doctor."""
+"""The `phub` command: server, launch, bench, selftest, doctor, rack."""
 from __future__ import annotations
 
 import argparse
@@ -94,26 +94,25 @@ def cmd_launch(args) -> int:
 
 
 def cmd_bench_exchange(args) -> int:
-    from .bench import run_exchange
+    # The systems under test, phub's baselines among them, live in the `experiments` package.
+    from experiments.runner import Options, run_exchange, summary
 
-    if args.system != "phub":
-        raise ConfigError(f"--system {args.system}: only 'phub' is available so far")
-    row = run_exchange(args.model, args.workers, args.iterations, args.warmup, args.verify, args.cores,
-                       args.interfaces, args.chunk_bytes, args.timeout)
-    summary = (f"{row['system']} {row['model']}: {row['workers']} workers, {row['bytes_per_worker'] / 1e6:.1f} MB "
-               f"each, {row['seconds_per_iteration'] * 1e3:.1f} ms per exchange (median of {row['iterations']}), "
-               f"{row['exchanges_per_s']:.2f} exchanges/s, verified={row['verified']}")
-    print(summary, file=sys.stderr if args.json else sys.stdout)
+    options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
+                      interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
+                      bigarray_bound=args.bigarray_bound, timeout=args.timeout)
+    row = run_exchange(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options)
+    print(summary(row), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(row))
     return 0
 
 
 def cmd_selftest(args) -> int:
-    from .bench import run_exchange
+    from experiments.runner import Options, run_exchange
     from .kernels import FAST_AVAILABLE
 
-    row = run_exchange("synthetic:2", workers=2, iterations=3, verify=True, cores=2, timeout=60, quiet=True)
+    row = run_exchange("phub", "synthetic:2", workers=2, iterations=3, verify=True,
+                       options=Options(cores=2, timeout=60), quiet=True)
     ok = row["verified"] and FAST_AVAILABLE
     print(json.dumps({"selftest": "ok" if ok else "failed", "fast_kernels": FAST_AVAILABLE,
                       "verified": row["verified"]}))
@@ -150,15 +149,34 @@ def build_parser() -> argparse.ArgumentParser:
     launch.set_defaults(func=cmd_launch)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    exchange = bench.add_parser("exchange", help="time pushpull exchanges of a model's gradient layout")
-    exchange.add_argument("--system", default="phub", help="system under test (default phub)")
+    exchange = bench.add_parser("exchange", help="time exchanges of a model's gradient layout on any system "
+                                                  "(phub or a baseline), with an optional compute replay")
+    exchange.add_argument("--system", default="phub",
+                          help="phub, pshard, pslite-central, pslite-shard or gloo-ring (default phub)")
     exchange.add_argument("--model", default="resnet50", help="model layout, or synthetic:SIZE_MB")
     exchange.add_argument("--workers", type=_positive_int, default=2)
     exchange.add_argument("--iterations", type=_positive_int, default=10)
     exchange.add_argument("--warmup", type=int, default=1)
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
     exchange.add_argument("--json", action="store_true", help="print the result row as JSON (last line)")
-    _add_server_options(exchange, "--cores")
+    exchange.add_argument("--compute", choices=("zero", "replay"), default="zero",
+                          help="zero: exchanges only; replay: the model's GPU compute time, overlapped as in "
+                               "training (default zero)")
+    exchange.add_argument("--network", default="loopback",
+                          help="where the nodes are: loopback (default) or emulated (with --spec)")
+    exchange.add_argument("--spec", default=None, help="the network's description file (--network emulated)")
+    exchange.add_argument("--cores", type=_positive_int, default=1, help="phub: server processes per server node")
+    exchange.add_argument("--interfaces", "--interfaces-count", dest="interfaces", type=_positive_int, default=1,
+                          help="phub: interfaces of each PBox (default 1; the other systems use one per node)")
+    exchange.add_argument("--racks", type=_positive_int, default=1,
+                          help="phub on loopback: one PBox per rack, two-phase reduction between them (default 1)")
+    exchange.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+                          help=f"phub, pshard: key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
+    exchange.add_argument("--lanes-per-pair", type=_positive_int, default=1,
+                          help="phub, pshard: connections per worker for each (interface, core) pair")
+    exchange.add_argument("--bigarray-bound", type=_positive_int, default=1000 * 1000,
+                          help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
+    exchange.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take (default 300)")
     exchange.set_defaults(func=cmd_bench_exchange)
 
     selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")
@@ -168,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "cores, libraries, transports and experiment modes")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=cmd_doctor)
+
+    from .cluster.rackcli import add_parser as add_rack_parser
+
+    add_rack_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Experiments: the systems under test (phub and its baselines), the compute replay and the runner."""

@@ -1,0 +1,61 @@
+"""Where a run's processes go: `--network NAME` picks a function that builds the run's Cluster.
+
+A network function takes (system name, number of workers, options) and returns a
+`phub.cluster.Cluster` whose nodes fit the system's needs (`get_system(name).servers`):
+
+* "pbox":   one server node (phub: a PBox with `options.interfaces` interfaces, one per rack
+            when `options.racks` > 1; pslite-central: its server and scheduler),
+* "shards": one server node per worker node (phub shards, or ps-lite servers),
+* "none":   worker nodes only; the cluster's (unused) server node is ignored.
+
+It may instead return a context manager that yields the Cluster, for networks that must be set
+up and torn down around the run (the emulated rack's namespaces and links). Networks are listed
+in NETWORKS; `emulated_cluster` is the hook for `--network emulated --spec FILE`, still to be
+wired to the emulated rack. Whatever the cluster records in its `extra` dict (link rates, scale
+factors) is copied into every result row.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict
+
+from phub.cluster import Cluster, loopback
+from phub.errors import ConfigError
+
+from .systems import get_system
+
+
+def loopback_cluster(system: str, workers: int, options) -> Cluster:
+    """Every node on this machine, told apart by 127.x.y.z addresses; no shaping."""
+    servers = get_system(system).servers
+    if system != "phub":  # `interfaces` is the PBox's; the baselines use one address per node
+        if options.racks != 1:
+            raise ConfigError(f"--racks applies to --system phub only, not {system}")
+        return loopback(workers, shards=workers if servers == "shards" else 0)
+    return loopback(workers, interfaces=options.interfaces, racks=options.racks)
+
+
+def emulated_cluster(system: str, workers: int, options):
+    """The emulated rack described by `options.spec` (network namespaces, shaped links).
+
+    Hook: not wired yet. It should return (or yield, as a context manager) a Cluster whose nodes
+    run commands inside their namespaces and whose `extra` records the configured link rates."""
+    raise ConfigError("--network emulated: the emulated rack is not wired into the benchmark yet "
+                      "(experiments.network.emulated_cluster); use --network loopback")
+
+
+NETWORKS: Dict[str, Callable] = {"loopback": loopback_cluster, "emulated": emulated_cluster}
+
+
+@contextlib.contextmanager
+def cluster_for(system: str, workers: int, options):
+    """Yield the Cluster of one run on `options.network` (set up and torn down around the run)."""
+    build = NETWORKS.get(options.network)
+    if build is None:
+        raise ConfigError(f"--network {options.network}: unknown network; choose one of {', '.join(NETWORKS)}")
+    made = build(system, workers, options)
+    if isinstance(made, Cluster):
+        yield made
+    else:
+        with made as cluster:
+            yield cluster

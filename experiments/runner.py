@@ -1,0 +1,117 @@
+"""Run one exchange benchmark of any system and return its result row (`phub bench exchange`).
+
+The runner builds the run's cluster (`experiments.network`), has the system start its processes
+on it with `python -m experiments.worker` on every worker node, and turns the ranks' timings into
+one row, the same for every system:
+
+system, model, workers, bytes_per_worker, iterations, warmup, seconds_per_iteration (median over
+the timed iterations of the slowest rank's time), seconds_per_iteration_all, exchanges_per_s,
+samples_per_s (workers x batch per GPU / seconds; null for synthetic layouts), batch_per_gpu,
+compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max_error, network,
+cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
+(servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from phub.chunking import DEFAULT_CHUNK_BYTES
+from phub.errors import ConfigError, PHubError
+
+from .models import compute_schedule, load_model
+from .network import cluster_for
+from .systems import get_system
+from .worker import ENV_PARAMS
+
+QUIET_TAIL_LINES = 25  # lines of the processes' output a quiet run's failure message ends with
+_ROOT = str(Path(__file__).resolve().parent.parent)  # so `-m experiments.worker` imports anywhere
+
+
+@dataclass(frozen=True)
+class Options:
+    compute: str = "zero"  # zero | replay
+    network: str = "loopback"  # a key of experiments.network.NETWORKS
+    spec: Optional[str] = None  # the network's description file (emulated rack)
+    cores: int = 1  # phub: server processes per server node
+    interfaces: int = 1  # phub: each PBox's interfaces
+    racks: int = 1  # phub on loopback: one PBox per rack (two-phase reduction)
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # phub / pshard
+    lanes_per_pair: int = 1  # phub / pshard
+    bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
+    timeout: float = 300.0  # seconds a run may take, and a blocking call may wait
+
+
+def run_exchange(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
+                 verify: bool = False, options: Options = Options(), quiet: bool = False) -> dict:
+    """Run the benchmark; return its row. Blocks for the whole run. Raises ConfigError for bad
+    arguments (before starting anything) and PHubError naming the process that failed. `quiet`
+    keeps the processes' output off stderr; a failure's message then ends with its last lines."""
+    if iterations < 1 or warmup < 0 or workers < 1:
+        raise ConfigError("iterations must be >= 1, warmup >= 0 and workers >= 1")
+    sut = get_system(system)
+    loaded = load_model(model)
+    compute_schedule(loaded, options.compute)  # rejects replay without a profile, before starting
+    output = tempfile.TemporaryFile("w+", errors="replace") if quiet else sys.stderr
+    try:
+        with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir, \
+                cluster_for(system, workers, options) as cluster:
+            params = {"model": model, "compute": options.compute, "iterations": iterations, "warmup": warmup,
+                      "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir}
+            path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+            env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
+            sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
+            ranks = []
+            for rank in range(workers):
+                try:
+                    with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+                        ranks.append(json.load(f))
+                except FileNotFoundError:
+                    raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
+            row = _row(sut, loaded, workers, iterations, warmup, verify, options, cluster, ranks)
+    except PHubError as exc:
+        if not quiet:
+            raise
+        output.seek(0)
+        tail = "".join(output.readlines()[-QUIET_TAIL_LINES:])
+        raise PHubError(f"{exc}\n--- last output of the run ---\n{tail}") from None
+    finally:
+        if quiet:
+            output.close()
+    return row
+
+
+def _row(sut, model, workers, iterations, warmup, verify, options, cluster, ranks) -> dict:
+    timed = [max(r["seconds"][i] for r in ranks) for i in range(iterations)]
+    median = statistics.median(timed)
+    profile = model.profile
+    batch = profile.batch_per_gpu if profile else None
+    errors = [r["max_error"] for r in ranks if r["max_error"] is not None]
+    return {
+        "system": sut.name, "model": model.name, "workers": workers, "bytes_per_worker": model.bytes,
+        "iterations": iterations, "warmup": warmup, "seconds_per_iteration": median,
+        "seconds_per_iteration_all": timed, "exchanges_per_s": 1.0 / median,
+        "samples_per_s": workers * batch / median if batch else None, "batch_per_gpu": batch,
+        "compute": options.compute,
+        "compute_seconds_per_iteration": profile.seconds_per_iteration if profile and options.compute == "replay" else 0.0,
+        "compute_provenance": profile.provenance if profile and options.compute == "replay" else None,
+        "verified": bool(verify) and all(r["verified"] for r in ranks),
+        "verify_max_error": max(errors) if errors else None,
+        "network": options.network, "cluster": dict(cluster.extra), **sut.describe(cluster, options),
+        "gbit_per_s_per_worker": 2 * model.bytes * 8 / median / 1e9,
+        "host": platform.node(), "python": platform.python_version(),
+    }
+
+
+def summary(row: dict) -> str:
+    """One line in words for a row."""
+    return (f"{row['system']} {row['model']}: {row['workers']} workers, {row['bytes_per_worker'] / 1e6:.1f} MB each, "
+            f"compute {row['compute']}, {row['seconds_per_iteration'] * 1e3:.1f} ms per iteration (median of "
+            f"{row['iterations']}), {row['exchanges_per_s']:.2f} exchanges/s, verified={row['verified']}")

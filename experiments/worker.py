@@ -1,0 +1,45 @@
+"""Entry point of one benchmark worker process: `python -m experiments.worker`.
+
+Started by a system's launcher on a worker node. The run's parameters arrive as JSON in
+PHUB_EXCHANGE (model, compute, iterations, warmup, verify, worker_class, out_dir); the system
+reads its own environment (phub's PHUB_*, ps-lite's DMLC_*, gloo's GLOO_*). The rank's result is
+written atomically to OUT_DIR/rankR.json; a failure exits non-zero with the reason on stderr.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from .models import load_model
+from .replay import run
+from .systems import worker_system
+
+ENV_PARAMS = "PHUB_EXCHANGE"
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write `obj` as JSON to `path` through a temporary file and a rename (no half-written file)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main() -> int:
+    params = json.loads(os.environ[ENV_PARAMS])
+    model = load_model(params["model"])
+    system = worker_system(params["worker_class"], params)
+    result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"])
+    write_json_atomic(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
