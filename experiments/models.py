@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import math
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -130,6 +131,20 @@ def load_model(name: str) -> Model:
     if len(rows) != len(arrays):
         raise ConfigError(f"model {name}: the layout lists {len(rows)} rows but phub loaded {len(arrays)} arrays")
     return Model(name, arrays, _group_layers(rows), _summary()[name], compute_profile(name))
+
+
+def scaled(model: Model, scale: Optional[dict]) -> Model:
+    """The model as an emulated rack runs it (DESIGN.md, "Local default"): every array divided by
+    s_m (`scale["model"]`, at least one element each) and compute time divided by s_t
+    (`scale["time"]` = s_m / s_n), so that communication : compute keeps the paper's ratio on
+    links slowed down by s_n. No scale (loopback, a cluster) returns the model unchanged."""
+    if not scale or (scale.get("model", 1) == 1 and scale.get("time", 1) == 1):
+        return model
+    s_m, s_t = float(scale["model"]), float(scale["time"])
+    arrays = tuple(Array(a.name, (max(1, round(a.elements / s_m)),), a.forward_gflops) for a in model.arrays)
+    profile = model.profile and dataclasses.replace(model.profile,
+                                                    seconds_per_iteration=model.profile.seconds_per_iteration / s_t)
+    return dataclasses.replace(model, arrays=arrays, profile=profile)
 
 
 def compute_schedule(model: Model, compute: str) -> Tuple[List[float], List[float]]:

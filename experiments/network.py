@@ -35,13 +35,28 @@ def loopback_cluster(system: str, workers: int, options) -> Cluster:
     return loopback(workers, interfaces=options.interfaces, racks=options.racks)
 
 
+@contextlib.contextmanager
 def emulated_cluster(system: str, workers: int, options):
-    """The emulated rack described by `options.spec` (network namespaces, shaped links).
+    """The emulated rack described by `options.spec` (network namespaces, shaped links), up for
+    the run and torn down after it, however it ends. The system's servers go where its design
+    puts them: phub on the PBoxes (one per rack: two-phase reduction), shards on the worker nodes,
+    ps-lite's central server on the first PBox; gloo uses the worker nodes only."""
+    from phub.cluster.emulated import EmulatedRack
 
-    Hook: not wired yet. It should return (or yield, as a context manager) a Cluster whose nodes
-    run commands inside their namespaces and whose `extra` records the configured link rates."""
-    raise ConfigError("--network emulated: the emulated rack is not wired into the benchmark yet "
-                      "(experiments.network.emulated_cluster); use --network loopback")
+    if not options.spec:
+        raise ConfigError("--network emulated needs --spec FILE (an emulated rack spec)")
+    rack = EmulatedRack(options.spec)
+    with rack as cluster:
+        if len(cluster.workers) != workers:
+            raise ConfigError(f"--workers {workers}, but the rack spec {options.spec} has {len(cluster.workers)} "
+                              "worker nodes (racks x workers_per_rack)")
+        servers = get_system(system).servers
+        if servers == "shards":
+            yield rack.sharded_cluster()
+        elif system == "phub" or not cluster.hierarchical:
+            yield cluster
+        else:  # one central server for the whole job, on the first rack's PBox
+            yield Cluster(cluster.servers[:1], cluster.workers, hierarchical=False, extra=cluster.extra)
 
 
 NETWORKS: Dict[str, Callable] = {"loopback": loopback_cluster, "emulated": emulated_cluster}

@@ -106,13 +106,15 @@ class _Oracle:
                                  f"{VERIFY_TOLERANCE:g})")
 
 
-def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmup: int, verify: bool) -> dict:
+def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmup: int, verify: bool,
+        optimize: bool = True) -> dict:
     """Set the system up, run the replayed iterations (see the module docstring), close; return
     this rank's result: {"rank", "seconds" (the `iterations` timed ones), "verified", "max_error"}.
-    Raises SystemExit naming the first key whose weights miss the oracle."""
+    Raises SystemExit naming the first key whose weights miss the oracle. `optimize=False` (the
+    breakdown experiment's no_optimizer variant) exchanges gradients with no optimizer at all."""
     sizes = [a.elements for a in model.arrays]
     forward, backward = compute_schedule(model, compute)
-    optimizer = bench_optimizer(system.num_workers)
+    optimizer = bench_optimizer(system.num_workers) if optimize else None
     initial = [initial_weights(size, k) if system.rank == 0 else np.zeros(size, np.float32)
                for k, size in enumerate(sizes)]
     system.setup(sizes, initial, optimizer)

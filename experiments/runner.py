@@ -26,11 +26,12 @@ from typing import Optional
 from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.errors import ConfigError, PHubError
 
-from .models import compute_schedule, load_model
+from .models import compute_schedule, load_model, scaled
 from .network import cluster_for
 from .systems import get_system
 from .worker import ENV_PARAMS
 
+VARIANTS = ("full", "no_optimizer", "no_compute")
 QUIET_TAIL_LINES = 25  # lines of the processes' output a quiet run's failure message ends with
 _ROOT = str(Path(__file__).resolve().parent.parent)  # so `-m experiments.worker` imports anywhere
 
@@ -47,6 +48,7 @@ class Options:
     lanes_per_pair: int = 1  # phub / pshard
     bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
     timeout: float = 300.0  # seconds a run may take, and a blocking call may wait
+    variant: str = "full"  # breakdown experiment: full | no_optimizer | no_compute (compute removed)
 
 
 def run_exchange(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
@@ -56,6 +58,12 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
     keeps the processes' output off stderr; a failure's message then ends with its last lines."""
     if iterations < 1 or warmup < 0 or workers < 1:
         raise ConfigError("iterations must be >= 1, warmup >= 0 and workers >= 1")
+    if options.variant not in VARIANTS:
+        raise ConfigError(f"--variant {options.variant}: choose one of {', '.join(VARIANTS)}")
+    if options.variant == "no_compute" and options.compute != "zero":
+        raise ConfigError("--variant no_compute removes compute: use it with --compute zero")
+    if options.variant == "no_optimizer" and verify:
+        raise ConfigError("--variant no_optimizer runs no optimizer: there is nothing to --verify")
     sut = get_system(system)
     loaded = load_model(model)
     compute_schedule(loaded, options.compute)  # rejects replay without a profile, before starting
@@ -63,8 +71,10 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
     try:
         with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir, \
                 cluster_for(system, workers, options) as cluster:
-            params = {"model": model, "compute": options.compute, "iterations": iterations, "warmup": warmup,
-                      "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir}
+            scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
+            params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
+                      "iterations": iterations,
+                      "warmup": warmup, "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir}
             path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
             env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
             sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
@@ -75,7 +85,7 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
                         ranks.append(json.load(f))
                 except FileNotFoundError:
                     raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
-            row = _row(sut, loaded, workers, iterations, warmup, verify, options, cluster, ranks)
+            row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, ranks)
     except PHubError as exc:
         if not quiet:
             raise
@@ -99,7 +109,7 @@ def _row(sut, model, workers, iterations, warmup, verify, options, cluster, rank
         "iterations": iterations, "warmup": warmup, "seconds_per_iteration": median,
         "seconds_per_iteration_all": timed, "exchanges_per_s": 1.0 / median,
         "samples_per_s": workers * batch / median if batch else None, "batch_per_gpu": batch,
-        "compute": options.compute,
+        "compute": options.compute, "variant": options.variant,
         "compute_seconds_per_iteration": profile.seconds_per_iteration if profile and options.compute == "replay" else 0.0,
         "compute_provenance": profile.provenance if profile and options.compute == "replay" else None,
         "verified": bool(verify) and all(r["verified"] for r in ranks),

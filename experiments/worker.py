@@ -1,7 +1,7 @@
 """Entry point of one benchmark worker process: `python -m experiments.worker`.
 
 Started by a system's launcher on a worker node. The run's parameters arrive as JSON in
-PHUB_EXCHANGE (model, compute, iterations, warmup, verify, worker_class, out_dir); the system
+PHUB_EXCHANGE (model, scale, compute, iterations, warmup, verify, worker_class, out_dir); the system
 reads its own environment (phub's PHUB_*, ps-lite's DMLC_*, gloo's GLOO_*). The rank's result is
 written atomically to OUT_DIR/rankR.json; a failure exits non-zero with the reason on stderr.
 """
@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 
-from .models import load_model
+from .models import load_model, scaled
 from .replay import run
 from .systems import worker_system
 
@@ -34,9 +34,10 @@ def write_json_atomic(path: str, obj) -> None:
 
 def main() -> int:
     params = json.loads(os.environ[ENV_PARAMS])
-    model = load_model(params["model"])
+    model = scaled(load_model(params["model"]), params.get("scale"))
     system = worker_system(params["worker_class"], params)
-    result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"])
+    result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"],
+                 optimize=params.get("variant") != "no_optimizer")
     write_json_atomic(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
     return 0
 

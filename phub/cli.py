@@ -99,7 +99,7 @@ def cmd_bench_exchange(args) -> int:
 
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
                       interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
-                      bigarray_bound=args.bigarray_bound, timeout=args.timeout)
+                      bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant)
     row = run_exchange(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options)
     print(summary(row), file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--network", default="loopback",
                           help="where the nodes are: loopback (default) or emulated (with --spec)")
     exchange.add_argument("--spec", default=None, help="the network's description file (--network emulated)")
+    exchange.add_argument("--variant", default="full", choices=("full", "no_optimizer", "no_compute"),
+                          help="breakdown experiment: run without the optimizer, or label a compute-free run")
     exchange.add_argument("--cores", type=_positive_int, default=1, help="phub: server processes per server node")
     exchange.add_argument("--interfaces", "--interfaces-count", dest="interfaces", type=_positive_int, default=1,
                           help="phub: interfaces of each PBox (default 1; the other systems use one per node)")

@@ -52,7 +52,8 @@ class WorkerSystem:
 
     def setup(self, sizes: Sequence[int], initial: List[np.ndarray], optimizer: dict) -> None:
         """Register the arrays; blocks until every worker holds rank 0's `initial` weights and the
-        NAG optimizer (`optimizer`: learning_rate, momentum, wd, rescale_grad) is in place."""
+        NAG optimizer (`optimizer`: learning_rate, momentum, wd, rescale_grad; None: no optimizer,
+        the exchange only sums) is in place."""
         raise NotImplementedError
 
     def write_gradient(self, key: int, values: np.ndarray) -> None:

@@ -87,6 +87,8 @@ class GlooWorker(WorkerSystem):
 
     def exchange_all(self) -> None:
         self.group.allreduce([self._g]).wait()  # sum of every worker's gradient, in place
+        if self._opt is None:  # breakdown: no_optimizer
+            return
         o, g, mom = self._opt, self._g, self._mom
         # NAG in MXNet's formulation (as phub's server runs it), in place on the flat buffers:
         # g = rescale*g + wd*w; mom = momentum*mom + g; g += momentum*mom; w -= lr*g.

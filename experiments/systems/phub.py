@@ -59,7 +59,8 @@ class PHubWorker(WorkerSystem):
         self._grads = [np.zeros(size, np.float32) for size in sizes]
         self._handles = [None] * len(sizes)
         self.kv.init(list(range(len(sizes))), self._weights)
-        self.kv.set_optimizer(self._phub.NAG(**optimizer))
+        if optimizer is not None:  # without one the server only sums (breakdown: no_optimizer)
+            self.kv.set_optimizer(self._phub.NAG(**optimizer))
 
     def write_gradient(self, key, values) -> None:
         np.copyto(self._grads[key], values)

@@ -85,7 +85,7 @@ class PSLiteWorker(WorkerSystem):
         self.kv.init(keys, self._weights)  # rank 0's values reach the servers; ends with a barrier
         self.kv.pull(keys, out=self._weights)  # every worker starts from rank 0's values
         mx.nd.waitall()
-        if self.rank == 0:  # returns once every server holds the optimizer
+        if self.rank == 0 and optimizer is not None:  # returns once every server holds the optimizer
             self.kv.set_optimizer(mx.optimizer.NAG(**optimizer))
         self.kv._barrier()  # nobody pushes before the servers have it
 

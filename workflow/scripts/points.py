@@ -14,7 +14,7 @@ SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps: float,
           oversubscription: float = 1.0) -> dict:
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
-            "paper_link_gbps": gbps, "oversubscription": oversubscription}
+            "link_gbps": gbps, "oversubscription": oversubscription}
     rack.update(config.get("rack", {}))  # scale factors, preflight, port
     return rack
 

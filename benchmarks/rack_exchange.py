@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""phub on an emulated rack against the wire bound and against gloo-ring (needs root).
+
+    python benchmarks/rack_exchange.py [--spec config/racks/rack8.yaml] [--model resnet50]
+        [--iterations 10] [--warmup 2] [--repeats 3]
+
+The default spec is one rack of 8 workers and a PBox with 8 NICs, every link at the same rate
+(the paper's 10 Gbps divided by s_n), compute removed. The wire bound of one exchange is the
+(scaled) model's bytes over one link's rate: each worker must push its gradient and receive the
+new weights over its own link, both at once on a full-duplex link, and the PBox's 8 NICs carry
+exactly the 8 workers' bytes. phub and gloo-ring run alternately, each on a fresh rack, so a
+drifting machine hurts both alike; figures are medians over repeats of each run's median.
+The last line of stdout is one JSON object with `wire_bound_ratio` (phub time / wire bound)
+and `gloo_over_phub` (gloo-ring time / phub time).
+"""
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from experiments.runner import Options, run_exchange  # noqa: E402
+from phub.cluster.rackspec import load_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default=str(ROOT / "config" / "racks" / "rack8.yaml"))
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cores", type=int, default=2, help="phub server cores (default 2)")
+    args = parser.parse_args()
+    spec = load_spec(args.spec)
+    workers = spec.num_workers
+    started = time.perf_counter()
+    rows = {"phub": [], "gloo-ring": []}
+    for repeat in range(args.repeats):
+        for system in rows:
+            options = Options(compute="zero", network="emulated", spec=args.spec, cores=args.cores,
+                              interfaces=spec.pbox_interfaces)
+            row = run_exchange(system, args.model, workers, args.iterations, args.warmup, options=options, quiet=True)
+            rows[system].append(row)
+            print(f"repeat {repeat}: {system:10s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per exchange",
+                  file=sys.stderr, flush=True)
+    phub = statistics.median(r["seconds_per_iteration"] for r in rows["phub"])
+    gloo = statistics.median(r["seconds_per_iteration"] for r in rows["gloo-ring"])
+    model_bytes = rows["phub"][0]["bytes_per_worker"]
+    host_mbit = spec.mbit("host")
+    wire_bound = model_bytes * 8 / (host_mbit * 1e6)
+    measured = rows["phub"][0]["cluster"].get("measured_mbit", {})
+    print(f"\n{args.model} scaled by {spec.scale_model:g}: {model_bytes / 1e6:.2f} MB per worker, {workers} workers, "
+          f"{spec.pbox_interfaces} PBox NICs, links at {host_mbit:.0f} Mbit/s")
+    print(f"wire bound {wire_bound * 1e3:.1f} ms; phub {phub * 1e3:.1f} ms ({phub / wire_bound:.2f} x bound); "
+          f"gloo-ring {gloo * 1e3:.1f} ms ({gloo / phub:.2f} x phub)")
+    summary = {"benchmark": "rack_exchange", "spec": args.spec, "model": args.model, "workers": workers,
+               "pbox_interfaces": spec.pbox_interfaces, "link_mbit": host_mbit, "measured_mbit": measured,
+               "bytes_per_worker": model_bytes, "wire_bound_s": wire_bound, "phub_s": phub, "gloo_ring_s": gloo,
+               "wire_bound_ratio": phub / wire_bound, "gloo_over_phub": gloo / phub,
+               "repeats": args.repeats, "iterations": args.iterations, "host": platform.node(),
+               "wall_seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

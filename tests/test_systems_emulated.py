@@ -1,0 +1,28 @@
+"""Every system of the benchmark inside an emulated rack (network namespaces, shaped links): the
+processes run in the nodes' namespaces and every result is verified. Needs root (CI runs as root)."""
+import os
+import shutil
+
+import pytest
+
+from experiments.runner import Options, run_exchange
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                reason="the emulated rack needs root and iproute2")
+
+SPEC = {"racks": 1, "workers_per_rack": 2, "pbox_interfaces": 2, "link_gbps": 10,
+        "scale": {"network": 20, "model": 200}, "preflight": {"seconds": 0.3}}
+
+
+@pytest.mark.parametrize("system", ["phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring"])
+def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
+    spec = tmp_path / "rack.yaml"
+    import yaml
+    spec.write_text(yaml.safe_dump(SPEC))
+    row = run_exchange(system, "resnet50", 2, 2, 1, verify=True,
+                       options=Options(network="emulated", spec=str(spec), interfaces=2), quiet=True)
+    assert row["verified"] is True
+    assert row["cluster"]["network"] == "emulated"
+    measured = row["cluster"]["measured_mbit"]["host"]
+    assert abs(measured["mean_mbit"] / 500.0 - 1) <= 0.1  # 10 Gbps / s_n 20
+    assert row["bytes_per_worker"] < 102197944 / 100  # the model was scaled by s_m = 200
