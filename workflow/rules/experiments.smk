@@ -29,6 +29,8 @@ rule run_point:
     resources:
         # Points share the machine's cores and the emulated links: one at a time locally.
         bench=1,
+    # A busy machine can make a rack's preflight miss its rates; one more try, then give up.
+    retries: 1
     shell:
         "{PYTHON} workflow/scripts/run_point.py --point {input.point} --out {output} "
         "--progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"

@@ -9,18 +9,25 @@ from __future__ import annotations
 from typing import Dict, Iterator, List
 
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
+DEFAULT_MAX_LINK_MBIT = 250.0  # fastest emulated link (config: rack.max_link_mbit)
 
 
 def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps: float,
           oversubscription: float = 1.0) -> dict:
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
             "link_gbps": gbps, "oversubscription": oversubscription}
-    rack.update(config.get("rack", {}))  # scale factors, preflight, port
+    settings = dict(config.get("rack", {}))  # scale factors, preflight, port
+    limit = settings.pop("max_link_mbit", DEFAULT_MAX_LINK_MBIT)
+    scale = dict(settings.pop("scale", {}))
+    # A faster paper setting is slowed down more, so that no emulated link needs more CPU than
+    # this machine has; s_m stays, so compute is stretched more and comm:compute is kept.
+    scale["network"] = max(scale.get("network", 1), gbps * 1000 / limit)
+    rack.update(settings, scale=scale)
     return rack
 
 
 def _point(config: dict, experiment: str, id_: str, **fields) -> dict:
-    point = {"experiment": experiment, "id": id_, "repeats": config["repeats"],
+    point = {"experiment": experiment, "id": id_, "repeats": config["repeats"], "verify": config.get("verify", True),
              "iterations": config["iterations"], "warmup": config["warmup"], "compute": "replay",
              "network": config["network"], "racks": 1, "interfaces": 1, "cores": config.get("server_cores", 1),
              "chunk_bytes": 32768, "oversubscription": 1, "setting": "", "variant": ""}

@@ -34,6 +34,8 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
             "--cores", str(point["cores"]), "--network", point["network"]]
     if point.get("variant"):
         argv += ["--variant", point["variant"]]
+    if point.get("verify") and point.get("variant") != "no_optimizer":
+        argv.append("--verify")  # checked against the oracle every iteration, outside the timing
     if point["network"] == "emulated":
         argv += ["--spec", spec_path]
     else:
@@ -49,16 +51,25 @@ def git_commit() -> str:
         return ""
 
 
+def _host(configured: dict) -> float:
+    return float(configured.get("host", 0))
+
+
+def _host_measured(extra: dict) -> float:
+    return float(extra.get("measured_mbit", {}).get("host", {}).get("mean_mbit", 0))
+
+
 def tidy_row(point: dict, repeat: int, result: dict, commit: str) -> dict:
-    extra = result.get("cluster", {}) or {}
+    extra = result.get("cluster", {}) or {}  # an emulated rack's facts; empty on loopback
+    scale = extra.get("scale", {})
     return {
         "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
         "workers": point["workers"], "racks": point["racks"], "interfaces": point["interfaces"],
         "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "oversubscription": point["oversubscription"],
         "network": point["network"], "setting": point["setting"],
-        "link_gbps": extra.get("host_link_mbit", 0) / 1000 if extra.get("host_link_mbit") else "",
-        "link_gbps_measured": extra.get("host_link_measured_mbit", 0) / 1000 if extra.get("host_link_measured_mbit") else "",
-        "s_n": extra.get("scale_network", 1), "s_m": extra.get("scale_model", 1), "s_t": extra.get("scale_time", 1),
+        "link_gbps": _host(extra.get("configured_mbit", {})) / 1000 if extra else "",
+        "link_gbps_measured": _host_measured(extra) / 1000 if extra else "",
+        "s_n": scale.get("network", 1), "s_m": scale.get("model", 1), "s_t": scale.get("time", 1),
         "compute": point["compute"], "variant": point["variant"], "repeat": repeat,
         "seconds_per_iteration": result["seconds_per_iteration"],
         # every worker completes one exchange per iteration: the rate of the whole job
