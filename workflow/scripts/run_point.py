@@ -38,7 +38,7 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
         argv.append("--verify")  # checked against the oracle every iteration, outside the timing
     if point["network"] == "emulated":
         argv += ["--spec", spec_path]
-    else:
+    elif point["system"] == "phub":  # loopback: the PBox's interfaces and racks, unshaped
         argv += ["--racks", str(point["racks"]), "--interfaces-count", str(point["interfaces"])]
     return argv
 
