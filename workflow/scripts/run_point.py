@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,36 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
     elif point["system"] == "phub":  # loopback: the PBox's interfaces and racks, unshaped
         argv += ["--racks", str(point["racks"]), "--interfaces-count", str(point["interfaces"])]
     return argv
+
+
+STOP_GRACE = 60.0  # seconds the bench gets to take its rack down after a stop signal
+
+
+def run_bench(argv: list) -> tuple:
+    """Run one `phub bench exchange`; return (status, stdout). On SIGINT/SIGTERM the signal is
+    passed on and the bench is waited for (it tears its rack down first): killing it outright,
+    as subprocess.run would, could leave the rack's namespaces behind."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    stopping = []
+
+    def forward(signum, frame):
+        stopping.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stdout, _ = proc.communicate()
+        if stopping:
+            proc.wait(STOP_GRACE)
+            return 128 + stopping[0], stdout
+        return proc.returncode, stdout
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return 1, ""
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def git_commit() -> str:
@@ -111,11 +142,11 @@ def main() -> int:
         Path(spec_path).write_text(json.dumps(point.get("rack", {})))
         for repeat in range(point["repeats"]):
             started = time.monotonic()
-            run = subprocess.run(bench_argv(point, spec_path), stdout=subprocess.PIPE, text=True)
-            if run.returncode != 0:
-                print(f"{label}: repeat {repeat} failed (status {run.returncode})", file=sys.stderr)
+            status, stdout = run_bench(bench_argv(point, spec_path))
+            if status != 0:
+                print(f"{label}: repeat {repeat} failed (status {status})", file=sys.stderr)
                 return 1
-            result = json.loads(run.stdout.strip().splitlines()[-1])
+            result = json.loads(stdout.strip().splitlines()[-1])
             rows.append(tidy_row(point, repeat, result, commit))
             print(f"{label}: repeat {repeat + 1}/{point['repeats']}: "
                   f"{result['seconds_per_iteration'] * 1e3:.1f} ms per iteration "
