@@ -7,9 +7,14 @@ one row, the same for every system:
 system, model, workers, bytes_per_worker, iterations, warmup, seconds_per_iteration (median over
 the timed iterations of the slowest rank's time), seconds_per_iteration_all, exchanges_per_s,
 samples_per_s (workers x batch per GPU / seconds; null for synthetic layouts), batch_per_gpu,
-compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max_error, network,
+compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max_error, verify_kind
+("oracle", or "workers_agree" with real compute; null without --verify), network,
 cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
 (servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python.
+
+With `--compute real` (experiments.realcompute) the bytes, batch and compute seconds are the real
+network's (measured by the workers), and the row adds zoo_model, image_size, device and
+loss_per_iteration.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Optional
 from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.errors import ConfigError, PHubError
 
+from . import realcompute
 from .models import compute_schedule, load_model, scaled
 from .network import cluster_for
 from .systems import get_system
@@ -38,7 +44,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)  # so `-m experiments.worker
 
 @dataclass(frozen=True)
 class Options:
-    compute: str = "zero"  # zero | replay
+    compute: str = "zero"  # zero | replay | real
     network: str = "loopback"  # a key of experiments.network.NETWORKS
     spec: Optional[str] = None  # the network's description file (emulated rack)
     cores: int = 1  # phub: server processes per server node
@@ -49,6 +55,8 @@ class Options:
     bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
     timeout: float = 300.0  # seconds a run may take, and a blocking call may wait
     variant: str = "full"  # breakdown experiment: full | no_optimizer | no_compute (compute removed)
+    image_size: Optional[int] = None  # real compute: square image side (None: full on a GPU, smallest on a CPU)
+    batch: Optional[int] = None  # real compute: samples per worker (None: the profile's on a GPU, 4 on a CPU)
 
 
 def run_exchange(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
@@ -66,7 +74,15 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
         raise ConfigError("--variant no_optimizer runs no optimizer: there is nothing to --verify")
     sut = get_system(system)
     loaded = load_model(model)
-    compute_schedule(loaded, options.compute)  # rejects replay without a profile, before starting
+    if options.compute == "real":
+        if options.network == "emulated":
+            raise ConfigError("--compute real trains the real network, which an emulated rack cannot scale "
+                              "down with its links: use --network loopback or a real cluster")
+        realcompute.check_config(model, options.image_size, options.batch, options.variant)
+    else:
+        if options.image_size is not None or options.batch is not None:
+            raise ConfigError("--image-size and --batch size the real network's input: use them with --compute real")
+        compute_schedule(loaded, options.compute)  # rejects replay without a profile, before starting
     output = tempfile.TemporaryFile("w+", errors="replace") if quiet else sys.stderr
     try:
         with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir, \
@@ -74,7 +90,8 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
             scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
             params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
                       "iterations": iterations,
-                      "warmup": warmup, "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir}
+                      "warmup": warmup, "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir,
+                      "image_size": options.image_size, "batch": options.batch}
             path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
             env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
             sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
@@ -85,7 +102,9 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
                         ranks.append(json.load(f))
                 except FileNotFoundError:
                     raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
-            row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, ranks)
+            real = realcompute.row_fields(ranks, out_dir, verify) if options.compute == "real" else None
+            row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, ranks,
+                       real)
     except PHubError as exc:
         if not quiet:
             raise
@@ -98,24 +117,29 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
     return row
 
 
-def _row(sut, model, workers, iterations, warmup, verify, options, cluster, ranks) -> dict:
+def _row(sut, model, workers, iterations, warmup, verify, options, cluster, ranks, real=None) -> dict:
+    """The result row; `real`: realcompute.row_fields, which replace the profile's numbers."""
     timed = [max(r["seconds"][i] for r in ranks) for i in range(iterations)]
     median = statistics.median(timed)
     profile = model.profile
-    batch = profile.batch_per_gpu if profile else None
     errors = [r["max_error"] for r in ranks if r["max_error"] is not None]
+    replay = profile is not None and options.compute == "replay"
+    fields = real or {
+        "bytes_per_worker": model.bytes, "batch_per_gpu": profile.batch_per_gpu if profile else None,
+        "compute_seconds_per_iteration": profile.seconds_per_iteration if replay else 0.0,
+        "compute_provenance": profile.provenance if replay else None,
+        "verified": bool(verify) and all(r["verified"] for r in ranks),
+        "verify_max_error": max(errors) if errors else None, "verify_kind": "oracle" if verify else None,
+    }
+    nbytes, batch = fields["bytes_per_worker"], fields["batch_per_gpu"]
     return {
-        "system": sut.name, "model": model.name, "workers": workers, "bytes_per_worker": model.bytes,
+        "system": sut.name, "model": model.name, "workers": workers, "bytes_per_worker": nbytes,
         "iterations": iterations, "warmup": warmup, "seconds_per_iteration": median,
         "seconds_per_iteration_all": timed, "exchanges_per_s": 1.0 / median,
         "samples_per_s": workers * batch / median if batch else None, "batch_per_gpu": batch,
-        "compute": options.compute, "variant": options.variant,
-        "compute_seconds_per_iteration": profile.seconds_per_iteration if profile and options.compute == "replay" else 0.0,
-        "compute_provenance": profile.provenance if profile and options.compute == "replay" else None,
-        "verified": bool(verify) and all(r["verified"] for r in ranks),
-        "verify_max_error": max(errors) if errors else None,
+        "compute": options.compute, "variant": options.variant, **fields,
         "network": options.network, "cluster": dict(cluster.extra), **sut.describe(cluster, options),
-        "gbit_per_s_per_worker": 2 * model.bytes * 8 / median / 1e9,
+        "gbit_per_s_per_worker": 2 * nbytes * 8 / median / 1e9,
         "host": platform.node(), "python": platform.python_version(),
     }
 

@@ -1,9 +1,11 @@
 """Entry point of one benchmark worker process: `python -m experiments.worker`.
 
 Started by a system's launcher on a worker node. The run's parameters arrive as JSON in
-PHUB_EXCHANGE (model, scale, compute, iterations, warmup, verify, worker_class, out_dir); the system
-reads its own environment (phub's PHUB_*, ps-lite's DMLC_*, gloo's GLOO_*). The rank's result is
-written atomically to OUT_DIR/rankR.json; a failure exits non-zero with the reason on stderr.
+PHUB_EXCHANGE (model, scale, compute, iterations, warmup, verify, worker_class, out_dir; image_size
+and batch for real compute); the system reads its own environment (phub's PHUB_*, ps-lite's DMLC_*,
+gloo's GLOO_*). With compute zero or replay the worker runs the replay (experiments.replay), with
+real it trains the network (experiments.realcompute). The rank's result is written atomically to
+OUT_DIR/rankR.json; a failure exits non-zero with the reason on stderr.
 """
 from __future__ import annotations
 
@@ -34,10 +36,15 @@ def write_json_atomic(path: str, obj) -> None:
 
 def main() -> int:
     params = json.loads(os.environ[ENV_PARAMS])
-    model = scaled(load_model(params["model"]), params.get("scale"))
     system = worker_system(params["worker_class"], params)
-    result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"],
-                 optimize=params.get("variant") != "no_optimizer")
+    if params["compute"] == "real":  # imports MXNet: only when this run trains a real network
+        from .realcompute import run as train
+
+        result = train(system, params)
+    else:
+        model = scaled(load_model(params["model"]), params.get("scale"))
+        result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"],
+                     optimize=params.get("variant") != "no_optimizer")
     write_json_atomic(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
     return 0
 

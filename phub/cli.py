@@ -99,7 +99,8 @@ def cmd_bench_exchange(args) -> int:
 
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
                       interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
-                      bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant)
+                      bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant,
+                      image_size=args.image_size, batch=args.batch)
     row = run_exchange(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options)
     print(summary(row), file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -159,9 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--warmup", type=int, default=1)
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
     exchange.add_argument("--json", action="store_true", help="print the result row as JSON (last line)")
-    exchange.add_argument("--compute", choices=("zero", "replay"), default="zero",
+    exchange.add_argument("--compute", choices=("zero", "replay", "real"), default="zero",
                           help="zero: exchanges only; replay: the model's GPU compute time, overlapped as in "
-                               "training (default zero)")
+                               "training; real: train the MXNet model zoo network on synthetic data (default zero)")
+    exchange.add_argument("--image-size", type=_positive_int, default=None,
+                          help="--compute real: image side in pixels (default: full size on a GPU, the "
+                               "smallest the model builds with on a CPU)")
+    exchange.add_argument("--batch", type=_positive_int, default=None,
+                          help="--compute real: samples per worker (default: the model's batch per GPU on a GPU, 4 on a CPU)")
     exchange.add_argument("--network", default="loopback",
                           help="where the nodes are: loopback (default) or emulated (with --spec)")
     exchange.add_argument("--spec", default=None, help="the network's description file (--network emulated)")
