@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test paper clean
+.PHONY: venv test paper test-slurm clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,11 @@ test: venv
 paper: venv
 	$(VENV)/bin/snakemake --profile profiles/local $(if $(CONFIG),--configfile $(CONFIG)) \
 		$(if $(NETWORK),--config network=$(NETWORK))
+
+# SLURM: a one-node cluster on this machine (Debian packages, as root), a few quick-grid points
+# submitted through profiles/cluster, checked with sacct, the daemons stopped (a few minutes).
+test-slurm: venv
+	VENV=$(VENV) workflow/scripts/test_slurm.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info phub/*.so

@@ -1,6 +1,11 @@
 # Experiments: one tidy CSV per point, written atomically by run_point.py; finished points are
 # skipped on a rerun because their CSV exists.
 
+# Two JSON writes: not worth a cluster job each (no effect on a local run).
+localrules:
+    point_list,
+    point_spec,
+
 
 rule point_list:
     output:

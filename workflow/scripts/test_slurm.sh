@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The SLURM test (`make test-slurm`): a one-node cluster on this machine (slurm_localhost.sh),
+# a few experiment points of config/quick.yaml submitted through profiles/cluster, then checks
+# that their files exist and that every job of the run went through SLURM and completed there.
+# Run as root from the repository root, after `make venv`. Bounded by $PHUB_SLURM_TEST_TIMEOUT
+# seconds (default 600) for the pipeline. The cluster is stopped at the end unless it was
+# already up before the test.
+#   PHUB_SLURM_POINTS="scaling/phub-n2 scaling/gloo-ring-n2"   the points to run (quick grid keys)
+#   PHUB_SLURM_RESULTS=results/slurm-test                      where they go (emptied first)
+set -euo pipefail
+
+VENV=${VENV:-.venv}
+RESULTS=${PHUB_SLURM_RESULTS:-results/slurm-test}
+POINTS=${PHUB_SLURM_POINTS:-scaling/phub-n2 scaling/gloo-ring-n2}
+LIMIT=${PHUB_SLURM_TEST_TIMEOUT:-600}
+CLUSTER=workflow/scripts/slurm_localhost.sh
+
+fail() { echo "test-slurm: FAILED: $*" >&2; exit 1; }
+
+[[ $(id -u) == 0 ]] || fail "run as root (the test installs and starts SLURM; the emulated rack needs root)"
+[[ -x $VENV/bin/snakemake ]] || fail "no $VENV/bin/snakemake: run \`make venv\` first"
+
+# The slurm executor reads $USER (to look up accounts); a bare root shell may not set it.
+export USER=${USER:-$(id -un)}
+# Every SLURM command here (scancel included) talks to the test cluster, never to another one.
+eval "$("$CLUSTER" env)"
+export SLURM_CONF
+was_up=0
+"$CLUSTER" status >/dev/null 2>&1 && was_up=1
+cleanup() {
+    local rc=$?
+    if ((was_up)); then
+        echo "test-slurm: the cluster was up before the test; leaving it running" >&2
+    else
+        timeout 30 scancel --user="$USER" >/dev/null 2>&1 || true  # nothing of ours left queued
+        "$CLUSTER" stop || true
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+"$CLUSTER" start
+export PHUB_SLURM_CPUS=${PHUB_SLURM_CPUS:-$(nproc)}
+
+targets=()
+for p in $POINTS; do targets+=("$RESULTS/points/$p.csv"); done
+rm -rf "$RESULTS"
+mkdir -p "$RESULTS"
+log=$RESULTS/snakemake.log
+start=$(date +%s)
+echo "test-slurm: running ${POINTS} through SLURM (log: $log)" >&2
+set +e
+timeout "$LIMIT" "$VENV/bin/snakemake" --profile profiles/cluster --configfile config/quick.yaml \
+    --config results_dir="$RESULTS" -- "${targets[@]}" >"$log" 2>&1
+rc=$?
+set -e
+echo "test-slurm: snakemake exited with $rc after $(($(date +%s) - start)) s" >&2
+if ((rc != 0)); then
+    tail -n 40 "$log" >&2
+    ((rc == 124)) && fail "the pipeline ran past ${LIMIT} s"
+    fail "snakemake failed (exit $rc)"
+fi
+
+# 1. The files: the build's self-test and one CSV per point, with rows.
+for f in "$RESULTS/build/selftest.json" "${targets[@]}"; do
+    [[ -s $f ]] || fail "missing or empty: $f"
+done
+for f in "${targets[@]}"; do
+    (($(wc -l <"$f") >= 2)) || fail "$f has no data rows"
+done
+
+# 2. Every submitted job went through SLURM and completed there: the executor logs one SLURM job
+# id per job; sacct (the accounting database) must know each as COMPLETED, and the jobs must
+# cover provision, build and every point.
+mapfile -t ids < <(sed -n 's/.*submitted with SLURM jobid \([0-9][0-9]*\).*/\1/p' "$log" | sort -u)
+expected=$((2 + $(wc -w <<<"$POINTS")))
+((${#ids[@]} == expected)) || fail "expected $expected SLURM jobs (provision, build, one per point), the log names ${#ids[@]}"
+acct=$(timeout 30 sacct -X -n -P -j "$(IFS=,; echo "${ids[*]}")" -o JobID,NodeList,Start,End,State,Comment)
+while IFS= read -r line; do echo "test-slurm: sacct: $line"; done <<<"$acct" >&2
+(($(grep -c '|COMPLETED|' <<<"$acct") == expected)) || fail "not every SLURM job is COMPLETED in sacct"
+for rule in rule_provision rule_build; do
+    grep -q "|$rule\$" <<<"$acct" || fail "no completed SLURM job for ${rule#rule_}"
+done
+for p in $POINTS; do
+    grep -q "|rule_run_point_wildcards_${p%%/*}_${p#*/}\$" <<<"$acct" || fail "no completed SLURM job for point $p"
+done
+# 3. A point takes the whole node: on this one-node cluster no two points ran at the same time.
+overlap=$(grep '|rule_run_point_' <<<"$acct" | awk -F'|' '
+    { start[NR] = $3; end[NR] = $4 }
+    END { for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++)
+              if (start[i] < end[j] && start[j] < end[i]) print start[i] "-" end[i] " and " start[j] "-" end[j] }')
+[[ -z $overlap ]] || fail "points overlapped on the node (not exclusive): $overlap"
+echo "test-slurm: OK: ${expected} jobs ran through SLURM (${ids[*]}), $(wc -w <<<"$POINTS") points written under $RESULTS" >&2
