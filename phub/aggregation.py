@@ -3,9 +3,15 @@
 The core owns the chunks whose lanes are pinned to it. For each owned chunk it keeps the weights,
 the optimizer state, a merge buffer and one receive slot per worker. A push lands in the pushing
 worker's slot (the transport writes it there directly, see `push_target`), then `on_push` folds it
-into the merge buffer: the first copy is copied, later ones are added; the N-th copy is fused with
-the optimizer in one pass, and the chunk is ready to go back to every worker. That is PHub's tall
-aggregation: one core sees every copy of a chunk, so nothing is locked and nothing crosses cores.
+into the merge buffer: the first copy waits in its slot, the second is added to it into the merge
+buffer, later ones are added to that; the N-th copy is fused with the optimizer in one pass, and
+the chunk is ready to go back to every worker. That is PHub's tall aggregation: one core sees
+every copy of a chunk, so nothing is locked and nothing crosses cores.
+
+Why the first copy can wait in its slot: a worker's next push of a chunk is for the next round,
+which `push_target` refuses until this round is complete, so nothing overwrites the slot before
+then. It saves a pass over the chunk (with two workers, the two slots go straight into the
+optimizer's pass) and the float operations stay the same, in the same order: a + b, then + c...
 
 Why one merge buffer is enough: a worker pushes chunk c of round k+1 only after it received
 round k's result, and the result is rewritten only when all N copies of round k+1 arrived, i.e.
@@ -15,7 +21,7 @@ buffer for the same reason (the merge buffer is refilled while slower workers st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 
@@ -58,9 +64,9 @@ class ReadyLane:
     chunks: Tuple[ChunkState, ...]
 
 
-@dataclass(frozen=True)
-class Result:
-    """Event: a chunk's round is complete; send `state.result_view` to the lane's workers."""
+class Result(NamedTuple):
+    """Event: a chunk's round is complete; send `state.result_view` to the lane's workers.
+    (Immutable like the other events, but a named tuple: one is made per chunk and round.)"""
 
     state: ChunkState
 
@@ -181,7 +187,9 @@ class JobState:
 
     def push_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
         """Where a pushed chunk goes: the sender's slot, after checking it belongs there now."""
-        state = self.owned_chunk(header, lane)
+        state = self.owned.get(header.chunk)  # owned_chunk's checks, inlined: this runs per frame
+        if state is None or state.chunk.lane != lane or header.length != state.chunk.nbytes:
+            state = self.owned_chunk(header, lane)  # raises, naming what is wrong
         if (lane, state.chunk.batch) not in self._ready_sent:
             raise ProtocolError(f"rank {header.sender} pushed chunk {header.chunk} before it was initialized")
         if header.iteration != state.rounds + 1:
@@ -194,14 +202,22 @@ class JobState:
     def on_push(self, rank: int, header: wire.Header) -> list:
         """Fold a landed push into its chunk; return [Result] when the chunk's round is complete."""
         state = self.owned[header.chunk]
-        state.mask |= 1 << rank
-        state.arrived += 1
-        if state.arrived < self.num_workers:
-            self.kernels.aggregate(state.acc, state.slots[rank], state.arrived == 1)
-            return []
-        if self.num_workers > 1:
-            return self._local_round_done(state, state.acc, state.slots[rank])
-        return self._local_round_done(state, state.slots[rank], None)
+        before = state.mask
+        state.mask = before | 1 << rank
+        arrived = state.arrived = state.arrived + 1
+        slots = state.slots
+        if arrived == 2:  # the first copy is still in its slot (see the module docstring)
+            first = slots[before.bit_length() - 1]
+            if arrived == self.num_workers:
+                return self._local_round_done(state, first, slots[rank])
+            self.kernels.scale(state.acc, first, slots[rank], 1.0)  # acc = first + second (times 1: exact)
+        elif arrived == self.num_workers:
+            if arrived == 1:
+                return self._local_round_done(state, slots[rank], None)
+            return self._local_round_done(state, state.acc, slots[rank])
+        elif arrived > 2:
+            self.kernels.aggregate(state.acc, slots[rank], False)
+        return []
 
     def _local_round_done(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> list:
         """Hook: every local worker's copy is in (their sum is acc + last). Without racks: finish."""

@@ -22,10 +22,10 @@ from typing import Dict, Hashable, List, Optional, Sequence
 import numpy as np
 
 from . import wire
-from .chunking import ChunkPlan, Topology
+from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, parse_address
+from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -119,6 +119,7 @@ class Client:
         self.plan = ChunkPlan(self.topology, chunk_bytes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []
+        self._outbox: List[Link] = []  # links with output queued in this I/O loop iteration
         try:
             for lane in range(self.topology.lanes):
                 t = self.topology
@@ -181,7 +182,8 @@ class Client:
         except BaseException:
             sock.close()
             raise
-        return Link(sock, self._selector, lambda h, lane=lane: self._payload_target(h, lane), self._on_frame)
+        return Link(sock, self._selector, lambda h, lane=lane: self._payload_target(h, lane), self._on_frame,
+                    self._outbox)
 
     # -- public API -------------------------------------------------------------------------
     def init(self, keys, values) -> None:
@@ -256,12 +258,13 @@ class Client:
         handle = Handle(self, len(chunks), out, f"pushpull of key {key!r} (iteration {iteration})",
                         [c.id for c in chunks])
         frames = []
-        job, rank, push = self.job_id, self.rank, wire.Kind.PUSH
-        for chunk in chunks:
-            start, stop = chunk.offset, chunk.offset + chunk.size
-            self._expect[chunk.id] = (memoryview(out_flat[start:stop]).cast("B"), iteration, handle)
-            frames.append((chunk.lane, wire.pack_header(push, job, rank, chunk.id, iteration, chunk.nbytes),
-                           memoryview(grad_flat[start:stop]).cast("B")))
+        job, rank, push, pack, expect = self.job_id, self.rank, wire.Kind.PUSH, wire.pack_header, self._expect
+        out_bytes, grad_bytes = memoryview(out_flat).cast("B"), memoryview(grad_flat).cast("B")
+        for chunk in chunks:  # slicing one byte view per array is cheaper than a view per chunk
+            start, nbytes = chunk.offset * ITEMSIZE, chunk.size * ITEMSIZE
+            expect[chunk.id] = (out_bytes[start:start + nbytes], iteration, handle)
+            frames.append((chunk.lane, pack(push, job, rank, chunk.id, iteration, nbytes),
+                           grad_bytes[start:start + nbytes]))
         self._inflight[key] = handle
         self._submit(frames)
         return handle
@@ -353,6 +356,7 @@ class Client:
                         self._drain_commands()
                     else:
                         key.data.service(mask)
+                flush_links(self._outbox)
                 if self._closing and not self._commands and not any(l.outq for l in self._links):
                     return
         except LinkClosed as exc:

@@ -24,7 +24,10 @@ from .kernels import get_backend
 from .optim import optimizer_from_dict
 from .racklinks import RackLinks
 from .session import Job, Peer
-from .transport import Link, LinkClosed
+from .transport import Link, LinkClosed, flush_links
+
+_PUSH = wire.Kind.PUSH
+
 
 def _log(message: str) -> None:
     print(f"phub server: {message}", file=sys.stderr, flush=True)
@@ -45,6 +48,7 @@ class Core(RackLinks):
             listener.setblocking(False)
             self.selector.register(listener, selectors.EVENT_READ, ("accept", interface))
         self.peers: Dict[Link, Peer] = {}
+        self.outbox: List[Link] = []  # links with output queued in this loop iteration
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -61,6 +65,7 @@ class Core(RackLinks):
                     self._lost(link, str(exc), exc.midframe)
                 except ProtocolError as exc:
                     self._bad_peer(link, str(exc))
+            flush_links(self.outbox)
             self._check_stalls()
         for job in self.jobs.values():  # the other racks may still be reading our last partials
             for link in job.peer_links.values():
@@ -75,13 +80,19 @@ class Core(RackLinks):
         self._add_link(sock, Peer(interface))
 
     def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
-        link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame)
+        link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame,
+                    self.outbox)
         self.peers[link] = peer
         return link
 
     # -- frames -----------------------------------------------------------------------------
     def _payload_target(self, peer: Peer, header: wire.Header) -> memoryview:
         job = peer.job
+        # The hot path: a push from the connection's own worker (what check_sender checks, as
+        # the rank was checked against the job at HELLO); anything else takes the full checks.
+        if header.kind is _PUSH and job is not None and header.sender == peer.rank \
+                and header.job == job.spec.job_id and peer.rack < 0:
+            return job.state.push_target(peer.local, header, peer.lane)
         if job is None:
             raise ProtocolError(f"{header.kind.name} data frame before HELLO")
         if peer.rack >= 0:
@@ -103,9 +114,11 @@ class Core(RackLinks):
         header = frame.header
         kind = header.kind
         job = peer.job
-        if kind is wire.Kind.PUSH:  # the hot path first
+        if kind is _PUSH:  # the hot path first
             job.last_progress = time.monotonic()
-            self._act(job, job.state.on_push(peer.local, header))
+            events = job.state.on_push(peer.local, header)
+            if events:
+                self._act(job, events)
             return
         if kind is wire.Kind.HELLO:
             self._hello(link, peer, frame.json())
@@ -292,9 +305,11 @@ class Core(RackLinks):
             if job.ended is not None or job.state is None or not any(job.live_links()):
                 continue
             idle = now - job.last_progress
+            if idle < min(30.0, self.config.timeout / 2):  # checked first: pending() visits every chunk
+                job.stall_reported = False
+                continue
             pending = job.state.pending()
-            waiting = pending or any(link is None for links in job.links.values() for link in links)
-            if not waiting or idle < min(30.0, self.config.timeout / 2):
+            if not pending and all(link is not None for links in job.links.values() for link in links):
                 job.stall_reported = False
                 continue
             missing = self._missing(job, pending)

@@ -2,17 +2,23 @@
 
 `Link` pairs a socket with a `wire.FrameReceiver` (bytes in) and an output queue (bytes out).
 Both the server cores and the worker's I/O thread drive many links from one selector loop.
+
+System calls are the cost that matters here (a 32 KB chunk is one frame), so a link reads each
+payload together with the next frame's header (`recvmsg_into`, one call per frame) and sends in
+batches: parts queued while the loop handles one round of events go out in one `sendmsg` per
+link at the end of that round (`flush_links`), or as soon as a batch of `_MAX_PARTS` is full.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 import selectors
 import socket
 from typing import Callable, List, Optional
 
 from . import wire
 
-_MAX_PARTS = 64  # sendmsg takes a bounded iovec
+_MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
 
 
 def tune(sock: socket.socket) -> None:
@@ -29,27 +35,42 @@ class LinkClosed(Exception):
 
 
 class Link:
-    """One connection. `on_frame(link, frame)` is called for each complete frame received."""
+    """One connection. `on_frame(link, frame)` is called for each complete frame received.
+
+    `outbox`: the owner's list of links with queued output, which it passes to `flush_links` at
+    the end of each loop iteration; without one, `send` sends at once.
+    """
 
     def __init__(self, sock: socket.socket, selector: selectors.BaseSelector,
-                 payload_target: wire.PayloadTarget, on_frame: Callable[["Link", wire.Frame], None]):
+                 payload_target: wire.PayloadTarget, on_frame: Callable[["Link", wire.Frame], None],
+                 outbox: Optional[List["Link"]] = None):
         self.sock = sock
         self.selector = selector
         self.receiver = wire.FrameReceiver(payload_target)
         self.on_frame = on_frame
-        self.outq: "collections.deque[memoryview]" = collections.deque()
-        self._writing = False
+        self.outq: "collections.deque" = collections.deque()  # bytes or byte memoryviews
+        self._outbox = outbox
+        self._writing = False  # the selector watches for EVENT_WRITE: outq waits for room
         self.closed = False
         tune(sock)
         selector.register(sock, selectors.EVENT_READ, self)
 
     def on_readable(self) -> None:
         """Receive everything the socket has; raises LinkClosed on EOF or error, ProtocolError on bad input."""
+        if self.closed:  # dropped while handling another link's event of the same round
+            return
         receiver = self.receiver
-        recv_into = self.sock.recv_into
-        while not self.closed:
+        on_frame = self.on_frame
+        recvmsg_into = self.sock.recvmsg_into
+        frame = receiver.received(0)  # what a pass cut short by an exception left (normally nothing)
+        while True:
+            while frame is not None:
+                on_frame(self, frame)
+                if self.closed:  # the handler dropped this link
+                    return
+                frame = receiver.received(0)
             try:
-                n = recv_into(receiver.buffer())
+                n = recvmsg_into(receiver.buffers())[0]
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -57,53 +78,55 @@ class Link:
             if n == 0:
                 raise LinkClosed("connection closed by peer", not receiver.idle)
             frame = receiver.received(n)
-            if frame is not None:
-                self.on_frame(self, frame)
 
     def send(self, *parts) -> None:
-        """Queue `parts` (bytes or byte memoryviews) for sending; sends at once what the socket
-        takes without blocking. The parts must stay unchanged until sent (see aggregation.py).
-        Never raises: a failed send shows up as LinkClosed when the link is next read."""
+        """Queue `parts` (bytes or byte memoryviews) for sending. The parts must stay unchanged
+        until sent (see aggregation.py). Never raises: a failed send shows up as LinkClosed when
+        the link is next read."""
         if self.closed:
             return
-        if self.outq:
-            self.outq.extend(memoryview(p) for p in parts)
+        outq = self.outq
+        if not outq and not self._writing:
+            if self._outbox is None:
+                outq.extend(parts)
+                return self.flush()
+            self._outbox.append(self)
+        outq.extend(parts)
+        if len(outq) >= _MAX_PARTS and not self._writing:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send what is queued, as far as the socket takes it without blocking; the rest waits
+        for EVENT_WRITE. Never raises (see `send`)."""
+        if self._writing or self.closed:
             return
-        try:
-            sent = self.sock.sendmsg(parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            # Not raised here: the caller may be serving another link. The broken socket turns
-            # readable, and reading it reports the loss, attributed to this link.
-            return
-        for part in parts:
-            if sent >= len(part):
-                sent -= len(part)
-                continue
-            self.outq.append(memoryview(part)[sent:])
-            sent = 0
-        if self.outq:
+        outq = self.outq
+        sendmsg = self.sock.sendmsg
+        while outq:
+            try:
+                sent = sendmsg(outq if len(outq) <= _MAX_PARTS else list(itertools.islice(outq, _MAX_PARTS)))
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                # Not raised here: the caller may be serving another link. The broken socket turns
+                # readable, and reading it reports the loss, attributed to this link.
+                outq.clear()
+                return
+            _consume(outq, sent)
+        if outq:
             self._want_write(True)
 
     def on_writable(self) -> None:
         outq = self.outq
         while outq:
-            parts: List[memoryview] = [outq[i] for i in range(min(len(outq), _MAX_PARTS))]
+            parts: List[memoryview] = list(itertools.islice(outq, _MAX_PARTS))
             try:
                 sent = self.sock.sendmsg(parts)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 raise LinkClosed(f"send failed: {exc}", True) from None
-            while sent:
-                head = outq[0]
-                if sent >= len(head):
-                    sent -= len(head)
-                    outq.popleft()
-                else:
-                    outq[0] = head[sent:]
-                    sent = 0
+            _consume(outq, sent)
         self._want_write(False)
 
     def service(self, mask: int) -> None:
@@ -140,6 +163,26 @@ class Link:
         except (KeyError, ValueError):
             pass
         self.sock.close()
+
+
+def _consume(outq: "collections.deque", sent: int) -> None:
+    """Drop the `sent` bytes at the front of `outq` (a part sent in part leaves its tail)."""
+    while outq:
+        head = outq[0]
+        size = len(head)
+        if sent < size:
+            if sent:
+                outq[0] = memoryview(head)[sent:]
+            return
+        sent -= size
+        outq.popleft()
+
+
+def flush_links(outbox: List[Link]) -> None:
+    """Send what the links in `outbox` queued during this loop iteration (see `Link`)."""
+    for link in outbox:
+        link.flush()
+    outbox.clear()
 
 
 def connect(address, timeout: float) -> socket.socket:

@@ -3,22 +3,32 @@
 Every frame is a fixed 32-byte header followed by `length` payload bytes. Data frames (PUSH, INIT,
 RESULT) carry exactly one chunk of float32 values; control frames carry a small JSON object.
 
-Receiving is zero-copy: `FrameReceiver` tells the transport which buffer the next bytes must go
-into (`buffer()`), and for a data frame that buffer is a view of the chunk's final home (a
-per-worker server slot, or the caller's output array). The transport only moves bytes:
+Receiving is zero-copy: `FrameReceiver` tells the transport which buffers the next bytes must go
+into, and for a data frame the payload buffer is a view of the chunk's final home (a per-worker
+server slot, or the caller's output array). The transport only moves bytes:
 
-    n = sock.recv_into(receiver.buffer())
+    n = sock.recvmsg_into(receiver.buffers())[0]
     frame = receiver.received(n)      # a Frame once one is complete, else None
+    while frame is not None:
+        handle(frame)
+        frame = receiver.received(0)  # a frame completed by bytes already received
+
+While a payload is pending, `buffers()` also offers the receiver's own header buffer, so one call
+reads the rest of the payload and the next frame's header: one system call per frame instead of
+two. That header is checked only by the next `received` call, after the caller has handled the
+frame before it (a REGISTER must be acted on before the INIT that follows it is checked). With
+`buffer()` (one view, for `recv_into`) nothing is read ahead and `received(n)` completes at most
+one frame.
 
 A header that breaks the rules raises `ProtocolError` before a single payload byte is written.
 """
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import struct
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
 from .errors import ProtocolError
 
@@ -47,11 +57,12 @@ class Kind(enum.IntEnum):
 
 
 DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL})
-_KIND_VALUES = frozenset(int(k) for k in Kind)
+_KIND_BY_VALUE = {int(k): k for k in Kind}
 
 
-@dataclass(frozen=True)
-class Header:
+# Header and Frame are immutable named tuples rather than frozen dataclasses: one of each is built
+# per received frame, and a tuple is built several times faster.
+class Header(NamedTuple):
     kind: Kind
     job: int
     sender: int
@@ -64,8 +75,7 @@ class Header:
         return pack_header(self.kind, self.job, self.sender, self.chunk, self.iteration, self.length, self.flags)
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(NamedTuple):
     header: Header
     payload: Union[memoryview, bytearray]
 
@@ -74,8 +84,15 @@ class Frame:
         return decode_json(self.header, self.payload)
 
 
+# Build from one tuple of fields, without the argument handling of Header() and Frame().
+_new_header = functools.partial(tuple.__new__, Header)
+_new_frame = functools.partial(tuple.__new__, Frame)
+_pack = _HEADER.pack
+_unpack = _HEADER.unpack
+
+
 def pack_header(kind, job, sender, chunk, iteration, length, flags=0) -> bytes:
-    return _HEADER.pack(MAGIC, VERSION, int(kind), flags, job, sender, chunk, iteration, length, 0)
+    return _pack(MAGIC, VERSION, kind, flags, job, sender, chunk, iteration, length, 0)
 
 
 def control_frame(kind: Kind, job: int, sender: int, obj: dict, chunk: int = 0) -> bytes:
@@ -88,17 +105,17 @@ def decode_header(raw: Union[bytes, bytearray, memoryview]) -> Header:
     """Parse and check the parts of a header that need no context (magic, version, kind, size)."""
     if len(raw) != HEADER_BYTES:
         raise ProtocolError(f"a header is {HEADER_BYTES} bytes, got {len(raw)}")
-    magic, version, kind, flags, job, sender, chunk, iteration, length, _ = _HEADER.unpack(raw)
+    magic, version, value, flags, job, sender, chunk, iteration, length, _ = _unpack(raw)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): not a phub peer")
     if version != VERSION:
         raise ProtocolError(f"protocol version {version} is not supported (this side speaks {VERSION})")
-    if kind not in _KIND_VALUES:
-        raise ProtocolError(f"unknown frame kind {kind}")
-    kind = Kind(kind)
-    if kind not in DATA_KINDS and length > MAX_CONTROL_BYTES:
+    kind = _KIND_BY_VALUE.get(value)
+    if kind is None:
+        raise ProtocolError(f"unknown frame kind {value}")
+    if length > MAX_CONTROL_BYTES and kind not in DATA_KINDS:
         raise ProtocolError(f"{kind.name} frame of {length} bytes exceeds the {MAX_CONTROL_BYTES}-byte limit")
-    return Header(kind, job, sender, chunk, iteration, length, flags)
+    return _new_header((kind, job, sender, chunk, iteration, length, flags))
 
 
 def decode_json(header: Header, payload) -> dict:
@@ -144,22 +161,35 @@ PayloadTarget = Callable[[Header], memoryview]
 
 
 class FrameReceiver:
-    """Incremental frame parser for one connection (sans-IO, zero-copy for data payloads)."""
+    """Incremental frame parser for one connection (sans-IO, zero-copy for data payloads).
 
-    __slots__ = ("_target", "_head", "_head_view", "_header", "_payload", "_view", "_filled")
+    State: `_view` is the buffer being filled (the header buffer, or the payload of the frame whose
+    header is `_header`) and `_filled` how many of its bytes are in. Bytes received past the end of
+    a payload are the next header's first ones: they count as that header's `_filled`.
+    """
+
+    __slots__ = ("_target", "_head", "_header", "_payload", "_view", "_filled")
 
     def __init__(self, payload_target: PayloadTarget):
         self._target = payload_target
-        self._head = bytearray(HEADER_BYTES)
-        self._head_view = memoryview(self._head)
+        self._head = memoryview(bytearray(HEADER_BYTES))
         self._header: Optional[Header] = None
         self._payload = None
-        self._view = self._head_view
+        self._view = self._head
         self._filled = 0
 
     def buffer(self) -> memoryview:
         """The writable view the next received bytes must be written into (never empty)."""
+        if self._filled == len(self._view):  # a header is in but unchecked: received(0) first
+            raise RuntimeError("call received(0) until it returns None before receiving more")
         return self._view[self._filled:]
+
+    def buffers(self) -> List[memoryview]:
+        """Writable views the next received bytes go into, in order (for `recvmsg_into`): the rest
+        of the current header or payload, and after a payload the header buffer for the next frame."""
+        if self._header is not None:
+            return [self._view[self._filled:], self._head]
+        return [self.buffer()]
 
     @property
     def idle(self) -> bool:
@@ -167,25 +197,33 @@ class FrameReceiver:
         return self._header is None and self._filled == 0
 
     def received(self, n: int) -> Optional[Frame]:
-        """Account for `n` bytes written into `buffer()`; return the frame they complete, if any."""
-        self._filled += n
-        if self._filled < len(self._view):
+        """Account for `n` bytes written into `buffer()` or `buffers()`; return the frame they
+        complete, if any. After a frame, call `received(0)` (again, until None) before receiving
+        more: it checks a header that arrived with the frame and returns its frame if it is empty."""
+        filled = self._filled + n
+        size = len(self._view)
+        if filled < size:
+            self._filled = filled
             return None
-        if self._header is None:
-            header = decode_header(self._head)
-            if header.kind in DATA_KINDS:
-                view = self._target(header)
-                if len(view) != header.length:  # a bug in the target, not in the peer
-                    raise AssertionError(f"payload target gave {len(view)} bytes for {header.length}")
-                payload = view
-            else:
-                payload = bytearray(header.length)
-                view = memoryview(payload)
-            if header.length:
-                self._header, self._payload, self._view, self._filled = header, payload, view, 0
-                return None
-            self._filled = 0
-            return Frame(header, payload)
-        frame = Frame(self._header, self._payload)
-        self._header, self._payload, self._view, self._filled = None, None, self._head_view, 0
-        return frame
+        if self._header is not None:  # a payload is complete; what follows went to the header buffer
+            frame = _new_frame((self._header, self._payload))
+            self._header = self._payload = None
+            self._view = self._head
+            self._filled = filled - size
+            return frame
+        self._filled = filled
+        header = decode_header(self._head)
+        length = header.length
+        if header.kind in DATA_KINDS:
+            view = self._target(header)
+            if len(view) != length:  # a bug in the target, not in the peer
+                raise AssertionError(f"payload target gave {len(view)} bytes for {length}")
+            payload = view
+        else:
+            payload = bytearray(length)
+            view = memoryview(payload)
+        if length:
+            self._header, self._payload, self._view, self._filled = header, payload, view, 0
+            return None
+        self._filled = 0
+        return _new_frame((header, payload))

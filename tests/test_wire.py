@@ -176,22 +176,28 @@ def sample_stream():
     return frames, payloads
 
 
-def feed(receiver, stream, step, frames=None):
+def feed(receiver, stream, step, frames=None, scatter=False):
     """Write `stream` into the receiver's buffers, at most step() bytes per call, as a transport
-    would; return the frames (also appended to `frames`) and (bytes consumed, receiver.idle)
-    after every call."""
+    would (`scatter`: across `buffers()`, like recvmsg_into, handling every frame completed before
+    receiving more); return the frames (also appended to `frames`) and (bytes consumed,
+    receiver.idle) after every call."""
     frames = [] if frames is None else frames
     idles, position = [], 0
     assert receiver.idle
     while position < len(stream):
-        buf = receiver.buffer()
-        assert len(buf) > 0
-        n = min(len(buf), step(), len(stream) - position)
-        buf[:n] = stream[position:position + n]
+        buffers = receiver.buffers() if scatter else [receiver.buffer()]
+        assert buffers and all(len(buf) > 0 for buf in buffers)
+        n = min(sum(map(len, buffers)), step(), len(stream) - position)
+        written = 0
+        for buf in buffers:
+            k = min(len(buf), n - written)
+            buf[:k] = stream[position + written:position + written + k]
+            written += k
         position += n
         frame = receiver.received(n)
-        if frame is not None:
+        while frame is not None:
             frames.append(frame)
+            frame = receiver.received(0)
         idles.append((position, receiver.idle))
     return frames, idles
 
@@ -200,12 +206,13 @@ STEPS = {"byte by byte": lambda rng: (lambda: 1), "all at once": lambda rng: (la
 STEPS.update({f"random splits {s}": (lambda s: lambda rng: (lambda: rng.randint(1, 40)))(s) for s in range(8)})
 
 
+@pytest.mark.parametrize("scatter", [False, True], ids=["buffer", "buffers"])
 @pytest.mark.parametrize("how", list(STEPS))
-def test_receiver_yields_the_same_frames_however_the_stream_is_split(how):
+def test_receiver_yields_the_same_frames_however_the_stream_is_split(how, scatter):
     frames, payloads = sample_stream()
     stream = b"".join(frames)
     target = Target()
-    got, idles = feed(FrameReceiver(target), stream, STEPS[how](random.Random(how)))
+    got, idles = feed(FrameReceiver(target), stream, STEPS[how](random.Random(how)), scatter=scatter)
 
     assert [f.header for f in got] == [decode_header(f[:32]) for f in frames]
     assert [bytes(f.payload) for f in got] == [f[32:] for f in frames]
@@ -245,6 +252,51 @@ def test_idle_and_zero_length_control_frame():
     assert bytes(receiver.received(4).payload) == b"abcd" and receiver.idle
 
 
+def test_buffers_read_a_payload_and_the_next_header_in_one_call():
+    receiver = FrameReceiver(Target())
+    push = data_frame(Kind.PUSH, 1, b"abcd")
+    bye = pack_header(Kind.BYE, 1, 0, 0, 0, 0)
+    assert [len(b) for b in receiver.buffers()] == [HEADER_BYTES]  # no payload known yet
+    receiver.buffers()[0][:] = push[:32]
+    assert receiver.received(32) is None
+    payload, head = receiver.buffers()
+    assert len(payload) == 4 and len(head) == HEADER_BYTES
+    payload[:] = push[32:]
+    head[:10] = bye[:10]
+    frame = receiver.received(14)  # the payload, and a part of the next header
+    assert bytes(frame.payload) == b"abcd" and not receiver.idle
+    assert receiver.received(0) is None
+    assert [len(b) for b in receiver.buffers()] == [22]
+    receiver.buffers()[0][:] = bye[10:]
+    assert receiver.received(22).header.kind is Kind.BYE and receiver.idle
+    # A whole empty frame behind a payload comes out of received(0), once the first is handled.
+    receiver.buffers()[0][:] = push[:32]
+    receiver.received(32)
+    payload, head = receiver.buffers()
+    payload[:] = push[32:]
+    head[:] = bye
+    assert receiver.received(36).header.kind is Kind.PUSH
+    with pytest.raises(RuntimeError, match="received"):  # the BYE must be taken first
+        receiver.buffers()
+    assert receiver.received(0).header.kind is Kind.BYE and receiver.idle
+    assert receiver.received(0) is None and len(receiver.buffer()) == HEADER_BYTES
+
+
+def test_a_header_read_ahead_is_checked_only_after_the_frame_before_it_is_handled():
+    """A REGISTER must be acted on before the INIT behind it is checked against the plan."""
+    handled = []
+    target = Target()
+
+    def checking_target(header):
+        assert handled and handled[-1].header.kind is Kind.REGISTER
+        return target(header)
+
+    frames, _ = sample_stream()
+    stream = frames[4] + frames[3]  # REGISTER, then INIT of chunk 1
+    got, _ = feed(FrameReceiver(checking_target), stream, lambda: 1 << 30, handled, scatter=True)
+    assert [f.header.kind for f in got] == [Kind.REGISTER, Kind.INIT]
+
+
 @pytest.mark.parametrize(
     "header, message",
     [
@@ -269,6 +321,26 @@ def test_bad_header_raises_before_any_payload_byte(header, message):
     assert np.array_equal(target.array, before) and target.views == []
 
 
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (pack_header(Kind.PUSH, 1, 0, 3, 0, 8), "does not carry"),
+        (raw_header(magic=b"HTTP", length=64), "bad magic"),
+    ],
+)
+def test_bad_header_read_ahead_raises_before_any_payload_byte(header, message):
+    good = data_frame(Kind.PUSH, 0, bytes(64))
+    stream = good + header + bytes(range(1, 65)) * 2
+    target = Target()
+    receiver = FrameReceiver(target)
+    got = []
+    with pytest.raises(ProtocolError, match=message):
+        feed(receiver, stream, lambda: 1 << 30, got, scatter=True)
+    assert len(got) == 1 and len(target.views) == 1  # the good frame, and no view for the bad one
+    assert target.region(0).tobytes() == bytes(64) and target.guards_intact()
+    assert all(target.region(c).tobytes() == bytes([GUARD]) * NBYTES[c] for c in (1, 2))
+
+
 def mutate(rng, stream):
     stream = bytearray(stream)
     for _ in range(rng.randint(1, 6)):
@@ -282,8 +354,9 @@ def mutate(rng, stream):
     return bytes(stream)
 
 
+@pytest.mark.parametrize("scatter", [False, True], ids=["buffer", "buffers"])
 @pytest.mark.parametrize("seed", range(300))
-def test_garbage_and_mutated_frames_only_ever_raise_protocol_error(seed):
+def test_garbage_and_mutated_frames_only_ever_raise_protocol_error(seed, scatter):
     rng = random.Random(seed)
     if seed % 3 == 0:
         stream = bytes(rng.randrange(256) for _ in range(rng.randint(1, 300)))
@@ -294,7 +367,7 @@ def test_garbage_and_mutated_frames_only_ever_raise_protocol_error(seed):
         stream = mutate(rng, b"".join(frames))
     target, got = Target(), []
     try:
-        feed(FrameReceiver(target), stream, lambda: rng.randint(1, 50), got)
+        feed(FrameReceiver(target), stream, lambda: rng.randint(1, 50), got, scatter=scatter)
     except ProtocolError:
         pass
     for frame in got:
