@@ -51,7 +51,9 @@ def run_bench(argv: list) -> tuple:
     """Run one `phub bench exchange`; return (status, stdout). On SIGINT/SIGTERM the signal is
     passed on and the bench is waited for (it tears its rack down first): killing it outright,
     as subprocess.run would, could leave the rack's namespaces behind."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    # Its own session: a signal to our process group reaches it once, through us, not twice
+    # (a second stop signal in the middle of its teardown could cut the teardown short).
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     stopping = []
 
     def forward(signum, frame):
