@@ -10,7 +10,6 @@ block stops whatever still runs (SIGTERM, SIGKILL after a grace period).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from phub.cluster import Node
 from phub.errors import PHubError
+from phub.launch import stop_processes
 
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping
 SERVICE_EXIT = 30.0  # seconds services get to exit on their own once the workers are done
@@ -107,20 +107,4 @@ class ProcessGroup:
 
     def stop(self) -> None:
         """SIGTERM every process group still running; SIGKILL what is left after GRACE seconds."""
-        procs = [proc for _, proc in self._services + self._workers]
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + GRACE
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+        stop_processes([proc for _, proc in self._services + self._workers], GRACE)

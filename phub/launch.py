@@ -54,15 +54,16 @@ def _pump(stream, prefix: str, sink) -> None:
     stream.close()
 
 
-def _stop(processes: Sequence[subprocess.Popen]) -> None:
-    """SIGTERM every process group still running, then SIGKILL what is left after a grace period."""
+def stop_processes(processes: Sequence[subprocess.Popen], grace: float = _GRACE) -> None:
+    """SIGTERM every process group still running, then SIGKILL what is left after `grace` seconds
+    (each process must lead its own group: start it with start_new_session=True)."""
     for proc in processes:
         if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-    deadline = time.monotonic() + _GRACE
+    deadline = time.monotonic() + grace
     for proc in processes:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
@@ -181,7 +182,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     except PHubError as exc:
         result.status, result.failed = 1, str(exc)
     finally:
-        _stop(processes)
+        stop_processes(processes)
         signal.signal(signal.SIGTERM, previous)
     return result
 
