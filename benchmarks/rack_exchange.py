@@ -15,6 +15,7 @@ and `gloo_over_phub` (gloo-ring time / phub time).
 """
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -59,7 +60,7 @@ def main() -> int:
           f"{spec.pbox_interfaces} PBox NICs, links at {host_mbit:.0f} Mbit/s")
     print(f"wire bound {wire_bound * 1e3:.1f} ms; phub {phub * 1e3:.1f} ms ({phub / wire_bound:.2f} x bound); "
           f"gloo-ring {gloo * 1e3:.1f} ms ({gloo / phub:.2f} x phub)")
-    summary = {"benchmark": "rack_exchange", "spec": args.spec, "model": args.model, "workers": workers,
+    summary = {"benchmark": "rack_exchange", "spec": os.path.relpath(args.spec, ROOT), "model": args.model, "workers": workers,
                "pbox_interfaces": spec.pbox_interfaces, "link_mbit": host_mbit, "measured_mbit": measured,
                "bytes_per_worker": model_bytes, "wire_bound_s": wire_bound, "phub_s": phub, "gloo_ring_s": gloo,
                "wire_bound_ratio": phub / wire_bound, "gloo_over_phub": gloo / phub,
