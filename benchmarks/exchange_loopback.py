@@ -17,12 +17,12 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 from experiments.runner import Options, run_exchange  # noqa: E402
+from phub.fileio import write_json  # noqa: E402
 from experiments.systems import SYSTEMS  # noqa: E402
 
 
@@ -68,10 +68,7 @@ def main() -> int:
     summary.update(wall_seconds=round(time.perf_counter() - started, 1), host=platform.node(),
                    cpus=os.cpu_count())
     if args.out:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.out)), prefix=".tmp-")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"summary": summary, "rows": rows}, f, indent=1)
-        os.replace(tmp, args.out)
+        write_json(args.out, {"summary": summary, "rows": rows}, indent=1)
     print(json.dumps(summary))
     return 0
 

@@ -12,26 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
+
+from phub.fileio import write_json
 
 from .models import load_model, scaled
 from .replay import run
 from .systems import worker_system
 
 ENV_PARAMS = "PHUB_EXCHANGE"
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Write `obj` as JSON to `path` through a temporary file and a rename (no half-written file)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main() -> int:
@@ -45,7 +33,7 @@ def main() -> int:
         model = scaled(load_model(params["model"]), params.get("scale"))
         result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"],
                      optimize=params.get("variant") != "no_optimizer")
-    write_json_atomic(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
+    write_json(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
     return 0
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from .. import fileio
 from .digits import FRAMEWORKS, curve
 
 LOSS_TOLERANCE = 1e-4  # absolute, per epoch, on the mean training cross-entropy
@@ -116,18 +117,7 @@ def run(frameworks: Sequence[str] = FRAMEWORKS, workers: Sequence[int] = (2, 4),
 
 def write_csv(rows: Sequence[Dict[str, object]], path: str) -> None:
     """Write `rows` as CSV (COLUMNS), atomically: a temporary file renamed into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".convergence-", suffix=".csv")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    fileio.write_csv(path, rows, COLUMNS)
 
 
 def plot(csv_path: str, out_path: str) -> None:

@@ -10,7 +10,6 @@ emulated network every repeat brings its rack up and down (the bench does, also 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -20,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from phub.fileio import write_csv
 
 COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
            "oversubscription", "network", "setting", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
@@ -112,20 +113,6 @@ def tidy_row(point: dict, repeat: int, result: dict, commit: str) -> dict:
     }
 
 
-def write_atomic(path: Path, rows: list) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--point", required=True, help="the point as JSON (a file path)")
@@ -153,7 +140,7 @@ def main() -> int:
             print(f"{label}: repeat {repeat + 1}/{point['repeats']}: "
                   f"{result['seconds_per_iteration'] * 1e3:.1f} ms per iteration "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
-    write_atomic(Path(args.out), rows)
+    write_csv(args.out, rows, COLUMNS)
     _log_duration(Path(args.out), time.monotonic() - point_started)
     return 0
 

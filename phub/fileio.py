@@ -1,0 +1,50 @@
+"""Atomic file output: write to a temporary file beside the target, then rename it into place,
+so that a killed run never leaves a half-written result, figure or report."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence, Union
+
+PathLike = Union[str, Path]
+
+
+def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` with a temporary path in the target's directory, then rename it to `path`
+    (the directory is created if needed). If `write` raises, no file is left behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path: PathLike, text: str) -> Path:
+    """Write `text` to `path` atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json(path: PathLike, obj, indent=None) -> Path:
+    """Write `obj` as JSON to `path` atomically."""
+    return write_text(path, json.dumps(obj, indent=indent))
+
+
+def write_csv(path: PathLike, rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> Path:
+    """Write `rows` as CSV with a header of `columns` to `path` atomically."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(path, write)
