@@ -7,7 +7,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test paper test-slurm clean
+QUICK := results/quick
+
+.PHONY: venv test paper test-slurm check-quick clean
 
 venv: $(STAMP)
 
@@ -28,6 +30,15 @@ paper: venv
 # submitted through profiles/cluster, checked with sacct, the daemons stopped (a few minutes).
 test-slurm: venv
 	VENV=$(VENV) workflow/scripts/test_slurm.sh
+
+# The quick grid end to end on the local profile (as root: the emulated rack), then a check that
+# every figure and every claim row of the report is there, and that the HTML report builds.
+check-quick: venv
+	$(VENV)/bin/snakemake --profile profiles/local --configfile config/quick.yaml
+	$(PY) -m analysis check --results $(QUICK)/points --figures $(QUICK)/figures --report $(QUICK)/report.md \
+		--min-measured 20
+	$(VENV)/bin/snakemake --profile profiles/local --configfile config/quick.yaml --report $(QUICK)/report.html
+	test -s $(QUICK)/report.html
 
 clean:
 	rm -rf $(VENV) build *.egg-info phub/*.so

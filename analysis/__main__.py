@@ -2,9 +2,11 @@
 
     python -m analysis figures --results DIR --out DIR
     python -m analysis report --results DIR --figures DIR --out results/report.md
+    python -m analysis check --results DIR --figures DIR --report results/report.md [--min-measured N]
 
 `figures` draws every figure (or those named with --only) into --out. `report` writes the claims
-report. Both read every CSV under --results (see analysis.results), and both write atomically.
+report. `check` verifies a finished run: every figure is there, every claim has its row in the
+report and at least N claims (default 1) were measured; it lists what is missing and exits 1. Both read every CSV under --results (see analysis.results), and both write atomically.
 A malformed results file stops the command with exit status 2 and a message that names the file.
 """
 from __future__ import annotations
@@ -43,7 +45,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--results", required=True, help="directory of tidy result CSVs")
     rep.add_argument("--figures", required=True, help="directory holding the figures (linked from the report)")
     rep.add_argument("--out", required=True, help="the report file, e.g. results/report.md")
-    for sub in (fig, rep):
+    chk = commands.add_parser("check", help="check that a finished run has every figure and report row")
+    chk.add_argument("--results", required=True, help="directory of tidy result CSVs")
+    chk.add_argument("--figures", required=True, help="directory holding the figures")
+    chk.add_argument("--report", required=True, help="the report file, e.g. results/report.md")
+    chk.add_argument("--min-measured", type=int, default=1, help="claims that must have a measured value")
+    for sub in (fig, rep, chk):
         sub.add_argument("--compute-seconds", type=_compute_seconds, metavar="JSON",
                          help="compute seconds per iteration by model, for the bandwidth-per-PS numbers "
                               "(default: the paper's breakdown chart)")
@@ -56,8 +63,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "figures":
         for name in args.only or figures.FIGURES:
             print(figures.render(name, loaded, args.out, compute_seconds=args.compute_seconds))
-    else:
+    elif args.command == "report":
         print(report.write(loaded, args.figures, args.out, compute_seconds=args.compute_seconds))
+    else:
+        problems = report.check(loaded, args.figures, args.report, compute_seconds=args.compute_seconds,
+                                min_measured=args.min_measured)
+        for problem in problems:
+            print(f"check: {problem}", file=sys.stderr)
+        if problems:
+            return 1
+        print(f"check: every figure ({len(figures.FIGURES)}) and every claim row is in {args.report}")
     return 0
 
 

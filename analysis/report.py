@@ -96,6 +96,30 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
         figures_list(figures_dir, report_path), ""])
 
 
+def check(results: Results, figures_dir: Union[str, Path], report_path: Union[str, Path], ref=None,
+          compute_seconds: Optional[Mapping[str, float]] = None, min_measured: int = 1) -> List[str]:
+    """What a finished run lacks (empty: nothing): a figure that is missing or not a PNG, a claim
+    with no row in the report, fewer than `min_measured` claims with a measured value."""
+    problems = []
+    for name in FIGURES:
+        png = Path(figures_dir) / f"{name}.png"
+        if not png.is_file():
+            problems.append(f"figure {name}: {png} is missing")
+        elif png.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n" or png.stat().st_size < 1000:
+            problems.append(f"figure {name}: {png} is not a PNG image")
+    try:
+        text = Path(report_path).read_text()
+    except OSError as exc:
+        return problems + [f"report {report_path}: cannot read it: {exc.strerror or exc}"]
+    rows = {line.split(" | ")[0][2:] for line in text.splitlines() if line.startswith("| ")}
+    claims = all_claims(results.runs, reference_data.load() if ref is None else ref, compute_seconds)
+    problems += [f"report {report_path}: no row for the claim {c.claim!r}" for c in claims if _cell(c.claim) not in rows]
+    measured = sum(c.verdict in ("agree", "differ") for c in claims)
+    if measured < min_measured:
+        problems.append(f"only {measured} of {len(claims)} claims have a measured value (expected >= {min_measured})")
+    return problems
+
+
 def write(results: Results, figures_dir: Union[str, Path], out: Union[str, Path], ref=None,
           compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
     """Write the report to `out` atomically; return its path."""

@@ -5,7 +5,7 @@
         [--iterations 10] [--warmup 2] [--repeats 3]
 
 The default spec is one rack of 8 workers and a PBox with 8 NICs, every link at the same rate
-(the paper's 10 Gbps divided by s_n), compute removed. The wire bound of one exchange is the
+(the paper's 10 Gbps divided by s_n = 200: 50 Mbit/s), compute removed. The wire bound of one exchange is the
 (scaled) model's bytes over one link's rate: each worker must push its gradient and receive the
 new weights over its own link, both at once on a full-duplex link, and the PBox's 8 NICs carry
 exactly the 8 workers' bytes. phub and gloo-ring run alternately, each on a fresh rack, so a
@@ -36,7 +36,8 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cores", type=int, default=2, help="phub server cores (default 2)")
+    # one core: with 8 workers on a 2-core machine a second server process only adds contention
+    parser.add_argument("--cores", type=int, default=1, help="phub server cores (default 1)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
     workers = spec.num_workers

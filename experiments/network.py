@@ -10,8 +10,8 @@ A network function takes (system name, number of workers, options) and returns a
 
 It may instead return a context manager that yields the Cluster, for networks that must be set
 up and torn down around the run (the emulated rack's namespaces and links). Networks are listed
-in NETWORKS; `emulated_cluster` is the hook for `--network emulated --spec FILE`, still to be
-wired to the emulated rack. Whatever the cluster records in its `extra` dict (link rates, scale
+in NETWORKS; `emulated_cluster` serves `--network emulated --spec FILE` (the emulated rack of
+`phub.cluster.emulated`). Whatever the cluster records in its `extra` dict (link rates, scale
 factors) is copied into every result row.
 """
 from __future__ import annotations

@@ -266,3 +266,25 @@ def test_cli(results_dir, tmp_path, capsys):
     (bad / "x.csv").write_text("experiment,system\npbox,phub\n")
     assert cli.main(["report", "--results", str(bad), "--figures", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
     assert "x.csv" in capsys.readouterr().err
+
+
+def test_check_finds_every_missing_figure_and_report_row(loaded, results_dir, tmp_path):
+    figures_dir, out = tmp_path / "figures", tmp_path / "report.md"
+    figures_dir.mkdir()
+    for name in figures.FIGURES:
+        (figures_dir / f"{name}.png").write_bytes(PNG_MAGIC + bytes(2000))
+    report.write(loaded, figures_dir, out, REF)
+    assert report.check(loaded, figures_dir, out, REF) == []
+    assert cli.main(["check", "--results", str(results_dir), "--figures", str(figures_dir), "--report", str(out)]) == 0
+
+    (figures_dir / "scaling.png").unlink()
+    (figures_dir / "breakdown.png").write_bytes(b"not a png" * 200)
+    first_claim = claims_mod.all_claims(loaded.runs, REF)[0].claim
+    out.write_text("\n".join(line for line in out.read_text().splitlines()
+                             if not line.startswith(f"| {first_claim} |")))
+    problems = report.check(loaded, figures_dir, out, REF, min_measured=10_000)
+    assert any("scaling" in p and "missing" in p for p in problems)
+    assert any("breakdown" in p and "not a PNG" in p for p in problems)
+    assert any(first_claim in p for p in problems)
+    assert any("claims have a measured value" in p for p in problems)
+    assert cli.main(["check", "--results", str(results_dir), "--figures", str(figures_dir), "--report", str(out)]) == 1

@@ -48,6 +48,7 @@ privileged = pytest.mark.skipif(
     ({"uplink_rate": 5}, "'uplink_rate'"),
     ({"preflight": {"tolerance": 2}}, "'preflight.tolerance'"),
     ({"port": 80}, "'port'"),
+    ({"queueing": "sfq"}, "'queueing'"),
 ])
 def test_a_bad_spec_value_names_its_key(change, key):
     with pytest.raises(ConfigError) as info:
@@ -133,6 +134,57 @@ def test_pbox_nics_carry_traffic_independently(rack):
         group = [t for t in nics if t.direction == direction]
         for t, rate in zip(group, preflight.run_round(group, rack.spec.preflight)):
             assert abs(rate / t.link.rate_mbit - 1) <= 0.10, (t.link.name, direction, rate)
+
+
+def _sent_by_class(ns: str, dev: str) -> dict:
+    """{classid: (bytes, packets)} sent by each htb class on `dev` so far."""
+    out, sent, current = netns.run(["tc", "-n", ns, "-s", "class", "show", "dev", dev]), {}, None
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            current = words[2]
+        elif words[:1] == ["Sent"] and current:
+            sent[current] = (int(words[1]), int(words[3]))
+    return sent
+
+
+@privileged
+def test_fair_queueing_puts_each_peer_in_its_bucket_and_acks_first(rack):
+    """A bulk transfer from worker 0 to its rack's probe (198.19.0.254) fills the probe's bucket
+    on the worker's egress; the probe's pure ACKs coming back take the ACK class of the switch port."""
+    host = next(t for t in preflight.transfers(rack.plan) if t.link.name == "w0" and t.direction == "up")
+    bucket = rackbuild.bucket_class(254 % rack.plan.fair_buckets)
+    before = (_sent_by_class(host.link.lower.ns, "eth0"), _sent_by_class(rack.plan.switch_ns, "w0"))
+    preflight.run_round([host], rack.spec.preflight)
+    after = (_sent_by_class(host.link.lower.ns, "eth0"), _sent_by_class(rack.plan.switch_ns, "w0"))
+    sent_bytes = after[0][bucket][0] - before[0][bucket][0]
+    expected = host.link.rate_mbit * 1e6 / 8 * rack.spec.preflight.seconds
+    assert sent_bytes >= 0.5 * expected, (bucket, sent_bytes, expected)
+    others = sum(after[0][c][0] - before[0][c][0] for c in after[0] if c not in (bucket, "1:1", "1:2"))
+    assert others < 0.01 * sent_bytes
+    assert after[1]["1:2"][1] - before[1]["1:2"][1] > 10  # the ACKs, on the way back
+
+
+def test_shaping_commands_share_a_link_among_peers_with_acks_first():
+    fair = rackbuild.shaping_commands("eth3", 200.0, "fair", "dst", buckets=16)
+    classes = [c for c in fair if c.startswith("class")]
+    filters = [c for c in fair if c.startswith("filter")]
+    assert len(classes) == 2 + 16 and len(filters) == 1 + 16
+    assert "match u8 0x0f 0x0f at 19" in filters[-1]  # tc reads these as hex
+    assert "rate 200000kbit ceil 200000kbit" in classes[0] and "prio 0" in classes[1]
+    guaranteed = sum(int(c.split(" rate ")[1].split("kbit")[0]) for c in classes[1:])
+    assert guaranteed <= 200000  # children never promise more than the link
+    assert all(" at 19 " in f for f in filters[1:])  # the destination's last octet
+    assert all(" at 15 " in f for f in rackbuild.shaping_commands("w0", 200.0, "fair", "src")
+               if f.startswith("filter") and "protocol 6" not in f)
+    assert rackbuild.shaping_commands("eth0", 50.0, "fifo", "dst")[0].endswith("htb default 1")
+    with pytest.raises(ValueError, match="sfq"):
+        rackbuild.shaping_commands("eth0", 50.0, "sfq", "dst")
+    with pytest.raises(ValueError, match="power of two"):
+        rackbuild.shaping_commands("eth0", 50.0, "fair", "dst", buckets=6)
+    # as many buckets as a rack's busiest link has peers: 2x2 -> 2, rack8 -> 8
+    assert make_plan(load_spec(SPECS / "2x2.yaml"), "0a1b2c").fair_buckets == 2
+    assert make_plan(load_spec(SPECS / "rack8.yaml"), "0a1b2c").fair_buckets == 8
 
 
 @privileged
@@ -291,8 +343,8 @@ def test_a_failed_preflight_names_the_link_and_removes_the_rack(monkeypatch):
     spec = dict(TINY, preflight={"seconds": 0.3})
     original = rackbuild.shape
 
-    def misshape(ns, dev, mbit):  # the PBox's NIC runs at half its rate
-        original(ns, dev, mbit / 2 if "pbox" in ns else mbit)
+    def misshape(ns, dev, mbit, *how):  # the PBox's NIC runs at half its rate
+        original(ns, dev, mbit / 2 if "pbox" in ns else mbit, *how)
 
     monkeypatch.setattr(rackbuild, "shape", misshape)
     rack = EmulatedRack(spec)

@@ -24,10 +24,10 @@ class RackError(PHubError):
     """The emulated rack could not be built, measured or removed; the message says which part."""
 
 
-def run(argv: Sequence[str], timeout: float = 20.0) -> str:
-    """Run a command to completion; its stdout, or RackError with its stderr."""
+def run(argv: Sequence[str], timeout: float = 20.0, stdin: Optional[str] = None) -> str:
+    """Run a command to completion (fed `stdin`); its stdout, or RackError with its stderr."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin)
     except FileNotFoundError:
         raise RackError(f"`{argv[0]}` is not installed (the emulated rack needs iproute2: ip, tc)") from None
     except subprocess.TimeoutExpired:
@@ -44,6 +44,11 @@ def ip(ns: str, *args: str) -> str:
 
 def tc(ns: str, *args: str) -> str:
     return run(["tc", "-n", ns, *args])
+
+
+def tc_batch(ns: str, commands: Sequence[str]) -> None:
+    """Run several tc commands (one per line, without the leading `tc`) in one process."""
+    run(["tc", "-n", ns, "-batch", "-"], stdin="\n".join(commands) + "\n")
 
 
 def exec_argv(ns: str) -> List[str]:

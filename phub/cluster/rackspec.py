@@ -16,6 +16,7 @@ and compute keep the paper's ratio; s_t = s_m / s_n is the factor compute time i
     uplink_gbps: 10           # ... or the uplink rate itself (not both)
     scale: {network: 50, model: 50}   # s_n (default: host links at 200 Mbit/s), s_m (default s_n)
     port: 19000               # base port of the rack servers (optional)
+    queueing: fair            # fair (default: ACKs first, peers round-robin) or fifo (one queue)
     preflight: {enabled: true, seconds: 0.5, tolerance: 0.1, budget_mbit: 1000}
 
 Every error names the key (and the file) at fault.
@@ -33,9 +34,11 @@ DEFAULT_HOST_MBIT = 200.0  # what the default s_n brings a host link down to
 MAX_LINK_MBIT = 2000.0  # beyond this one emulated link needs more CPU than this machine has
 MIN_LINK_MBIT = 1.0
 DEFAULT_PORT = 19000
+QUEUEING = ("fair", "fifo")  # how a shaped link shares its queue; see rackbuild.shaping_commands
 
 _TOP_KEYS = {"name", "racks", "workers_per_rack", "pbox_interfaces", "link_gbps", "host_link_gbps",
-             "pbox_nic_gbps", "uplink_gbps", "oversubscription", "scale", "port", "preflight"}
+             "pbox_nic_gbps", "uplink_gbps", "oversubscription", "scale", "port", "preflight",
+             "queueing"}
 _SCALE_KEYS = {"network", "model"}
 _PREFLIGHT_KEYS = {"enabled", "seconds", "tolerance", "budget_mbit"}
 
@@ -64,6 +67,7 @@ class RackSpec:
     preflight: Preflight = Preflight()
     name: str = ""
     source: str = "<dict>"  # where the spec came from, for messages
+    queueing: str = "fair"
 
     @property
     def scale_time(self) -> float:
@@ -156,9 +160,12 @@ def parse_spec(data: Mapping[str, Any], source: str = "<dict>") -> RackSpec:
     name = data.get("name", "")
     if not isinstance(name, str):
         raise check.error("name", f"must be a string, got {name!r}")
+    queueing = data.get("queueing", "fair")
+    if queueing not in QUEUEING:
+        raise check.error("queueing", f"must be one of {', '.join(QUEUEING)}, got {queueing!r}")
 
     spec = RackSpec(racks, per_rack, interfaces, paper, host, nic, uplink, ratio, s_n, s_m, port, preflight,
-                    name, source)
+                    name, source, queueing)
     for kind, key in (("host", "host_link_gbps"), ("pbox_nic", "pbox_nic_gbps"), ("uplink", "uplink_gbps")):
         if racks == 1 and kind == "uplink":
             continue  # a single rack has no core switch, hence no uplink

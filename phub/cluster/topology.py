@@ -66,6 +66,9 @@ class Plan:
     pboxes: Tuple[Host, ...]  # one per rack
     probes: Tuple[Host, ...]  # one per rack, then the core's (if any)
     links: Tuple[Link, ...]
+    queueing: str = "fair"  # how each shaped link shares its queue (rackspec.QUEUEING)
+    fair_buckets: int = 2  # with fair queueing: classes per link, one per peer of a rack
+
 
     @property
     def namespaces(self) -> List[str]:
@@ -123,4 +126,7 @@ def make_plan(spec: RackSpec, run_id: str) -> Plan:
         probes.append(probe)
         links.append(Link("probec", "probe", None, End(probe.ns, "eth0", address=probe.addresses[0]),
                           End(sw, "prc", bridge="core")))
-    return Plan(run_id, sw, bridges, tuple(workers), tuple(pboxes), tuple(probes), tuple(links))
+    peers = max(2, spec.workers_per_rack, spec.pbox_interfaces)  # what one link's busy peers may number
+    buckets = min(64, 1 << (peers - 1).bit_length())
+    return Plan(run_id, sw, bridges, tuple(workers), tuple(pboxes), tuple(probes), tuple(links), spec.queueing,
+                buckets)

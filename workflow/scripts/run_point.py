@@ -23,7 +23,7 @@ from pathlib import Path
 from phub.fileio import write_csv
 
 COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
-           "oversubscription", "network", "setting", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
+           "oversubscription", "network", "queueing", "setting", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
            "compute", "variant", "repeat", "seconds_per_iteration", "exchanges_per_s", "samples_per_s",
            "bytes_per_worker", "verified", "git_commit", "host"]
 
@@ -100,7 +100,7 @@ def tidy_row(point: dict, repeat: int, result: dict, commit: str) -> dict:
         "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
         "workers": point["workers"], "racks": point["racks"], "interfaces": point["interfaces"],
         "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "oversubscription": point["oversubscription"],
-        "network": point["network"], "setting": point["setting"],
+        "network": point["network"], "queueing": extra.get("queueing", ""), "setting": point["setting"],
         "link_gbps": _host(extra.get("configured_mbit", {})) / 1000 if extra else "",
         "link_gbps_measured": _host_measured(extra) / 1000 if extra else "",
         "s_n": scale.get("network", 1), "s_m": scale.get("model", 1), "s_t": scale.get("time", 1),
