@@ -11,7 +11,8 @@ A network function takes (system name, number of workers, options) and returns a
 It may instead return a context manager that yields the Cluster, for networks that must be set
 up and torn down around the run (the emulated rack's namespaces and links). Networks are listed
 in NETWORKS; `emulated_cluster` serves `--network emulated --spec FILE` (the emulated rack of
-`phub.cluster.emulated`). Whatever the cluster records in its `extra` dict (link rates, scale
+`phub.cluster.emulated`), `hostfile_cluster` `--network hostfile --spec FILE` (real machines,
+phub.cluster.hostfile). Whatever the cluster records in its `extra` dict (link rates, scale
 factors) is copied into every result row.
 """
 from __future__ import annotations
@@ -59,7 +60,26 @@ def emulated_cluster(system: str, workers: int, options):
             yield Cluster(cluster.servers[:1], cluster.workers, hierarchical=False, extra=cluster.extra)
 
 
-NETWORKS: Dict[str, Callable] = {"loopback": loopback_cluster, "emulated": emulated_cluster}
+def hostfile_cluster(system: str, workers: int, options) -> Cluster:
+    """Real machines named by the hostfile `options.spec` (see phub.cluster.hostfile): the run
+    takes the first `workers` workers and, for phub, `options.racks` PBoxes with
+    `options.interfaces` addresses each. Roles go where the emulated rack puts them: phub on the
+    PBoxes, shards on the worker nodes, ps-lite's central server on the first PBox, gloo on the
+    worker nodes only."""
+    from phub.cluster.hostfile import load_hostfile, select
+
+    if not options.spec:
+        raise ConfigError("--network hostfile needs --spec FILE (a hostfile)")
+    servers = get_system(system).servers
+    if system != "phub" and options.racks != 1:
+        raise ConfigError(f"--racks applies to --system phub only, not {system}")
+    cluster = select(load_hostfile(options.spec), workers, options.interfaces if system == "phub" else 1,
+                     options.racks)
+    return cluster.sharded() if servers == "shards" else cluster
+
+
+NETWORKS: Dict[str, Callable] = {"loopback": loopback_cluster, "emulated": emulated_cluster,
+                                 "hostfile": hostfile_cluster}
 
 
 @contextlib.contextmanager

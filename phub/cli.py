@@ -1,4 +1,4 @@
-"""The `phub` command: server, launch, bench, selftest, doctor, rack."""
+"""The `phub` command: server, launch, bench, selftest, doctor, rack, hostfile."""
 from __future__ import annotations
 
 import argparse
@@ -126,6 +126,28 @@ def cmd_doctor(args) -> int:
     return doctor_main(as_json=args.json)
 
 
+def cmd_hostfile(args) -> int:
+    from .cluster import hostfile
+    from .fileio import write_text
+
+    if args.from_slurm:
+        import yaml
+
+        data = hostfile.from_slurm(args.pboxes, args.interfaces)
+        cluster = hostfile.parse_hostfile(data, "<from SLURM>")
+        text = yaml.safe_dump(data, sort_keys=False)
+        if args.out:
+            write_text(args.out, text)
+        else:
+            sys.stdout.write(text)
+    else:
+        cluster = hostfile.load_hostfile(args.check)
+    for role, nodes in (("pbox", cluster.servers), ("worker", cluster.workers)):
+        for node in nodes:
+            print(f"{role:>6}  {node.name}  rack {node.rack}  {', '.join(node.addresses)}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -169,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--batch", type=_positive_int, default=None,
                           help="--compute real: samples per worker (default: the model's batch per GPU on a GPU, 4 on a CPU)")
     exchange.add_argument("--network", default="loopback",
-                          help="where the nodes are: loopback (default) or emulated (with --spec)")
-    exchange.add_argument("--spec", default=None, help="the network's description file (--network emulated)")
+                          help="where the nodes are: loopback (default), emulated (a rack spec as --spec) or "
+                               "hostfile (real machines, a hostfile as --spec)")
+    exchange.add_argument("--spec", default=None,
+                          help="the network's description file: a rack spec (emulated) or a hostfile (hostfile)")
     exchange.add_argument("--variant", default="full", choices=("full", "no_optimizer", "no_compute"),
                           help="breakdown experiment: run without the optimizer, or label a compute-free run")
     exchange.add_argument("--cores", type=_positive_int, default=1, help="phub: server processes per server node")
@@ -194,6 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
                                            "cores, libraries, transports and experiment modes")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=cmd_doctor)
+
+    hosts = sub.add_parser("hostfile", help="real machines: write the hostfile of a SLURM allocation, or check one")
+    which = hosts.add_mutually_exclusive_group(required=True)
+    which.add_argument("--from-slurm", action="store_true",
+                       help="the nodes of the allocation this runs in (first PBoxes, then workers)")
+    which.add_argument("--check", metavar="FILE", help="read a hostfile and list its nodes")
+    hosts.add_argument("--pboxes", type=_positive_int, default=1, help="--from-slurm: PBox nodes, one per rack (default 1)")
+    hosts.add_argument("--interfaces", metavar="REGEX", default=None,
+                       help="--from-slurm: use the interfaces whose name matches (default: all but loopback)")
+    hosts.add_argument("--out", help="--from-slurm: write the hostfile here (default: stdout)")
+    hosts.set_defaults(func=cmd_hostfile)
 
     from .cluster.rackcli import add_parser as add_rack_parser
 

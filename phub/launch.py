@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .client import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_WORKERS
 from .cluster import Cluster, Node
@@ -134,6 +134,20 @@ def _await_ready(proc: subprocess.Popen, node: Node) -> dict:
         if proc.poll() is not None:
             break
     raise PHubError(f"the phub server on {node.name} did not start (status {proc.poll()}); see its output above")
+
+
+def start_server(node: Node, config: ServerConfig, stderr=None, prefix: str = "") -> Tuple[subprocess.Popen, str]:
+    """Start `phub server` with `config` on `node` (several jobs, if it lists them); block until it
+    is ready (at most READY_TIMEOUT seconds) and return the process and the address workers pass
+    to `phub.connect`. Raises PHubError if it does not start. Stop it with `stop_processes`."""
+    proc = _start_server(node, config, stderr or sys.stderr, prefix)
+    try:
+        address = _await_ready(proc, node)["address"]
+    except BaseException:
+        stop_processes([proc])
+        raise
+    threading.Thread(target=_pump, args=(proc.stdout, "", open(os.devnull, "w")), daemon=True).start()
+    return proc, address
 
 
 def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,

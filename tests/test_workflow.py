@@ -67,3 +67,20 @@ def test_dry_run_plans_every_point_figure_and_the_report(tmp_path):
     assert planned == len(points.points(config))
     for rule in ("provision", "build", "convergence", "report", "figure_scaling", "figure_cross_rack"):
         assert f"rule {rule}:" in out, rule
+
+
+def test_network_hostfile_needs_a_hostfile_and_passes_it_to_every_point():
+    import run_point
+
+    config = dict(load("config/quick.yaml"), network="hostfile")
+    with pytest.raises(jsonschema.ValidationError, match="hostfile"):
+        jsonschema.validate(config, SCHEMA)
+    config["hostfile"] = "hosts.yaml"
+    jsonschema.validate(config, SCHEMA)
+    grid = points.points(config)
+    phub_point = next(p for p in grid if p["system"] == "phub" and p["experiment"] == "cross_rack" and p["racks"] == 2)
+    argv = run_point.bench_argv(phub_point)
+    assert argv[argv.index("--network") + 1] == "hostfile" and argv[argv.index("--spec") + 1] == "hosts.yaml"
+    assert argv[argv.index("--racks") + 1] == "2"
+    gloo = run_point.bench_argv(next(p for p in grid if p["system"] == "gloo-ring"))
+    assert "--racks" not in gloo and gloo[gloo.index("--spec") + 1] == "hosts.yaml"

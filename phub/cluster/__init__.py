@@ -55,6 +55,12 @@ class Cluster:
     def racks(self) -> int:
         return len(self.servers) if self.hierarchical else 1
 
+    def sharded(self) -> "Cluster":
+        """The same nodes with a server shard on every worker node instead of the PBoxes (PShard,
+        ps-lite's sharded servers)."""
+        shards = tuple(Node(f"shard{g}", w.addresses, w.prefix, rack=w.rack) for g, w in enumerate(self.workers))
+        return Cluster(shards, self.workers, hierarchical=False, extra=self.extra)
+
     def servers_of(self, worker: int) -> Tuple[Node, ...]:
         """The server(s) worker `worker` connects to."""
         if self.hierarchical:

@@ -21,6 +21,7 @@ is missing and how to run instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -139,9 +140,7 @@ class EmulatedRack:
         and the sharded PS that the oversubscription experiment compares against)."""
         if self.cluster is None:
             raise RackError("the rack is not up")
-        shards = tuple(Node(f"shard{g}", w.addresses, w.prefix, rack=w.rack)
-                       for g, w in enumerate(self.cluster.workers))
-        return Cluster(shards, self.cluster.workers, hierarchical=False, extra=self.extra())
+        return dataclasses.replace(self.cluster, extra=self.extra()).sharded()
 
     def extra(self) -> Dict[str, Any]:
         """Facts every result row records: rates configured and measured, scale factors, port."""

@@ -1,6 +1,9 @@
 # Provision: check that this machine (or the cluster) can run the chosen network, record it.
 # Locally each point brings its own emulated rack up and down (`phub bench ... --network emulated`),
 # so a failed or interrupted point leaves nothing behind; this stage only checks and records.
+# With `network: hostfile` the points run on the real machines a hostfile names (inside the SLURM
+# allocation that holds them: `phub hostfile --from-slurm --out FILE` writes it); this stage
+# checks the file and logs its nodes.
 
 
 rule provision:
@@ -10,7 +13,8 @@ rule provision:
         RESULTS + "/logs/provision.log",
     params:
         network=config["network"],
+        hostfile=config.get("hostfile", ""),
     shell:
         "{PYTHON} -m phub doctor --json > {output}.tmp 2> {log} && "
-        "{PYTHON} workflow/scripts/check_network.py {output}.tmp {params.network} 2>> {log} && "
+        "{PYTHON} workflow/scripts/check_network.py {output}.tmp {params.network} {params.hostfile} 2>> {log} && "
         "mv {output}.tmp {output}"

@@ -31,6 +31,8 @@ def _point(config: dict, experiment: str, id_: str, **fields) -> dict:
              "iterations": config["iterations"], "warmup": config["warmup"], "compute": "replay",
              "network": config["network"], "racks": 1, "interfaces": 1, "cores": config.get("server_cores", 1),
              "chunk_bytes": 32768, "oversubscription": 1, "setting": "", "variant": ""}
+    if config["network"] == "hostfile":
+        point["hostfile"] = config["hostfile"]
     point.update(fields)
     return point
 

@@ -40,7 +40,10 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
         argv.append("--verify")  # checked against the oracle every iteration, outside the timing
     if point["network"] == "emulated":
         argv += ["--spec", spec_path]
-    elif point["system"] == "phub":  # loopback: the PBox's interfaces and racks, unshaped
+        return argv
+    if point["network"] == "hostfile":
+        argv += ["--spec", point["hostfile"]]
+    if point["system"] == "phub":  # loopback or real machines: the PBox's interfaces and racks, unshaped
         argv += ["--racks", str(point["racks"]), "--interfaces-count", str(point["interfaces"])]
     return argv
 

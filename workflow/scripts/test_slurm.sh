@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SLURM test (`make test-slurm`): a one-node cluster on this machine (slurm_localhost.sh),
 # a few experiment points of config/quick.yaml submitted through profiles/cluster, then checks
-# that their files exist and that every job of the run went through SLURM and completed there.
+# that their files exist and that every job of the run went through SLURM and completed there;
+# then an exchange whose processes srun places on the nodes of a hostfile (network: hostfile).
 # Run as root from the repository root, after `make venv`. Bounded by $PHUB_SLURM_TEST_TIMEOUT
 # seconds (default 600) for the pipeline. The cluster is stopped at the end unless it was
 # already up before the test.
@@ -90,3 +91,34 @@ overlap=$(grep '|rule_run_point_' <<<"$acct" | awk -F'|' '
               if (start[i] < end[j] && start[j] < end[i]) print start[i] "-" end[i] " and " start[j] "-" end[j] }')
 [[ -z $overlap ]] || fail "points overlapped on the node (not exclusive): $overlap"
 echo "test-slurm: OK: ${expected} jobs ran through SLURM (${ids[*]}), $(wc -w <<<"$POINTS") points written under $RESULTS" >&2
+
+# 4. Placement by srun (network: hostfile): inside an allocation, `phub hostfile --from-slurm`
+# reads the allocation (one node here: too few for a PBox and a worker, which it must say), and
+# an exchange whose every process srun starts as a step on the node named in a hostfile
+# (the node's loopback addresses tell the roles apart) verifies against the oracle.
+node=$(hostname -s)
+hosts=$RESULTS/hosts.yaml
+cat >"$hosts" <<HOSTS
+launcher: srun
+pboxes: [{name: $node, addresses: [127.6.0.1, 127.6.0.2]}]
+workers: [{name: $node, addresses: [127.6.1.1]}, {name: $node, addresses: [127.6.1.2]}]
+HOSTS
+set +e
+from_slurm=$(timeout 120 salloc --nodes=1 --time=5 "$VENV/bin/python" -m phub hostfile --from-slurm 2>&1)
+rc=$?
+set -e
+((rc == 2)) && grep -q "the allocation has 1 node(s) ($node)" <<<"$from_slurm" \
+    || fail "phub hostfile --from-slurm in a one-node allocation: expected exit 2 naming the node, got $rc: $from_slurm"
+set +e
+placed=$(timeout 300 salloc --nodes=1 --time=5 "$VENV/bin/python" -m phub bench exchange --network hostfile \
+    --spec "$hosts" --system phub --workers 2 --interfaces-count 2 --model synthetic:2 --iterations 2 --verify --json 2>&1)
+rc=$?
+set -e
+row=$(grep '^{' <<<"$placed" | tail -n 1)
+((rc == 0)) && grep -q '"verified": true' <<<"$row" && grep -q '"launcher": "srun"' <<<"$row" \
+    || fail "an exchange placed by srun (network: hostfile) did not verify (exit $rc): $(tail -n 20 <<<"$placed")"
+# The allocation's steps: one per process the exchange started (the PBox server, two workers).
+job=$(sed -n 's/.*Granted job allocation \([0-9][0-9]*\).*/\1/p' <<<"$placed" | head -n 1)
+steps=$(timeout 30 sacct -n -P -j "$job" -o JobID | grep -c "^$job\.[0-9]" || true)
+((steps >= 3)) || fail "allocation $job ran $steps srun steps; the exchange needs one per process (3)"
+echo "test-slurm: OK: srun placed a PBox and 2 workers from a hostfile ($steps steps of job $job); it verified" >&2
