@@ -17,13 +17,14 @@ import selectors
 import socket
 import threading
 from collections import deque
-from typing import Dict, Hashable, List, Optional, Sequence
+from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
 from . import wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
+from .handle import Handle
 from .optim import Optimizer
 from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address
 
@@ -32,42 +33,6 @@ DEFAULT_TIMEOUT = 300.0
 # The environment `phub launch` gives every worker (and `phub.connect()` reads).
 ENV_SERVER, ENV_RANK, ENV_WORKERS = "PHUB_SERVER", "PHUB_RANK", "PHUB_NUM_WORKERS"
 ENV_JOB, ENV_TOKEN, ENV_TIMEOUT = "PHUB_JOB", "PHUB_TOKEN", "PHUB_TIMEOUT"
-
-
-class Handle:
-    """An operation in flight. `wait()` blocks until it is done and returns its result array."""
-
-    __slots__ = ("_client", "_remaining", "_event", "_result", "_what", "_chunks")
-
-    def __init__(self, client: "Client", remaining: int, result, what: str, chunks: Sequence[int]):
-        self._client = client
-        self._remaining = remaining
-        self._event = threading.Event()
-        self._result = result
-        self._what = what
-        self._chunks = chunks
-        if remaining == 0:
-            self._event.set()
-
-    def _arrived(self) -> None:  # called by the I/O thread only
-        self._remaining -= 1
-        if self._remaining == 0:
-            self._event.set()
-
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: Optional[float] = None):
-        """Block until done (or `timeout` seconds, default the client's); JobFailed / PHubTimeout."""
-        timeout = self._client.timeout if timeout is None else timeout
-        if not self._event.wait(timeout):
-            self._client._check_failed()
-            missing = [c for c in self._chunks if c in self._client._expect]
-            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-            raise PHubTimeout(f"{self._what} timed out after {timeout:g} s; "
-                              f"{self._remaining} result(s) missing (chunks {shown or 'none'}, or a READY)")
-        self._client._check_failed()
-        return self._result
 
 
 def _as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
