@@ -105,3 +105,16 @@ def test_an_exchange_on_the_hostfiles_nodes_verifies(hosts_file, system, extra):
     row = json.loads(run.stdout.strip().splitlines()[-1])
     assert row["verified"] is True and row["workers"] == 4
     assert row["cluster"]["network"] == "hostfile" and row["cluster"]["launcher"] == "local"
+
+
+def test_an_allocations_nodes_become_pboxes_then_workers_rack_by_rack():
+    names = ["n01", "n02", "n03", "n04", "n05", "n06"]
+    addresses = {n: [f"10.0.0.{i + 1}", f"10.1.0.{i + 1}"] for i, n in enumerate(names)}
+    data = hostfile.assign_roles(names, addresses, pboxes=2)
+    assert [(p["name"], p["rack"]) for p in data["pboxes"]] == [("n01", 0), ("n02", 1)]
+    assert [(w["name"], w["rack"]) for w in data["workers"]] == [("n03", 0), ("n04", 0), ("n05", 1), ("n06", 1)]
+    cluster = hostfile.parse_hostfile(data)  # what --from-slurm writes reads back
+    assert cluster.hierarchical and cluster.workers[0].prefix[0] == "srun"
+    assert cluster.servers[1].addresses == ("10.0.0.2", "10.1.0.2")
+    with pytest.raises(ConfigError, match="do not split evenly over 2 rack"):
+        hostfile.assign_roles(names[:5], addresses, pboxes=2)

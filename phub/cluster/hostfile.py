@@ -188,21 +188,26 @@ def from_slurm(pboxes: int = 1, interfaces: Optional[str] = None,
     if len(names) <= pboxes:
         raise ConfigError(f"hostfile from SLURM: the allocation has {len(names)} node(s) ({', '.join(names)}); "
                           f"{pboxes} PBox(es) and at least one worker need {pboxes + 1}")
-    nodes = []
+    addresses = {}
     for name in names:
         shown = _run([*launcher_prefix("srun", name), "ip", "-o", "-4", "address", "show"],
                      f"hostfile from SLURM: node {name}")
-        addresses = interface_addresses(shown, interfaces)
-        if not addresses:
+        addresses[name] = interface_addresses(shown, interfaces)
+        if not addresses[name]:
             which = f"matching {interfaces!r}" if interfaces else "besides loopback"
             raise ConfigError(f"hostfile from SLURM: node {name} has no IPv4 interface {which}")
-        nodes.append({"name": name, "addresses": addresses})
-    workers = nodes[pboxes:]
-    per_rack = -(-len(workers) // pboxes)
-    for r, node in enumerate(nodes[:pboxes]):
-        node["rack"] = r
-    for i, node in enumerate(workers):
-        node["rack"] = i // per_rack
-    if pboxes > 1 and workers[-1]["rack"] != pboxes - 1:
-        raise ConfigError(f"hostfile from SLURM: {len(workers)} workers do not fill {pboxes} racks")
-    return {"launcher": "srun", "pboxes": nodes[:pboxes], "workers": workers}
+    return assign_roles(names, addresses, pboxes)
+
+
+def assign_roles(names: Sequence[str], addresses: Mapping[str, List[str]], pboxes: int) -> Dict[str, Any]:
+    """A hostfile's content (launcher srun) for nodes `names`: the first `pboxes` are PBoxes (PBox r
+    serves rack r), the others workers, split evenly over the racks in order."""
+    workers = list(names[pboxes:])
+    if pboxes < 1 or not workers or len(workers) % pboxes:
+        raise ConfigError(f"hostfile from SLURM: {len(workers)} worker node(s) do not split evenly over "
+                          f"{pboxes} rack(s) (nodes: {', '.join(names)})")
+    per_rack = len(workers) // pboxes
+    return {"launcher": "srun",
+            "pboxes": [{"name": n, "addresses": list(addresses[n]), "rack": r} for r, n in enumerate(names[:pboxes])],
+            "workers": [{"name": n, "addresses": list(addresses[n]), "rack": i // per_rack}
+                        for i, n in enumerate(workers)]}
