@@ -26,7 +26,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, List, Optional
 
 from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.errors import ConfigError, PHubError
@@ -64,8 +64,16 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
     """Run the benchmark; return its row. Blocks for the whole run. Raises ConfigError for bad
     arguments (before starting anything) and PHubError naming the process that failed. `quiet`
     keeps the processes' output off stderr; a failure's message then ends with its last lines."""
-    if iterations < 1 or warmup < 0 or workers < 1:
-        raise ConfigError("iterations must be >= 1, warmup >= 0 and workers >= 1")
+    return run_exchanges(system, model, workers, iterations, warmup, verify, options, quiet)[0]
+
+
+def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
+                  verify: bool = False, options: Options = Options(), quiet: bool = False, repeats: int = 1,
+                  on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
+    """`run_exchange` `repeats` times on one cluster (an emulated rack is built and measured once);
+    every repeat starts its processes afresh. `on_row` is called with each row as it is done."""
+    if iterations < 1 or warmup < 0 or workers < 1 or repeats < 1:
+        raise ConfigError("iterations must be >= 1, warmup >= 0, workers >= 1 and repeats >= 1")
     if options.variant not in VARIANTS:
         raise ConfigError(f"--variant {options.variant}: choose one of {', '.join(VARIANTS)}")
     if options.variant == "no_compute" and options.compute != "zero":
@@ -84,27 +92,31 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
             raise ConfigError("--image-size and --batch size the real network's input: use them with --compute real")
         compute_schedule(loaded, options.compute)  # rejects replay without a profile, before starting
     output = tempfile.TemporaryFile("w+", errors="replace") if quiet else sys.stderr
+    rows: List[dict] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir, \
-                cluster_for(system, workers, options) as cluster:
+        with cluster_for(system, workers, options) as cluster:
             scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
-            params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
-                      "iterations": iterations,
-                      "warmup": warmup, "verify": verify, "worker_class": sut.worker_class, "out_dir": out_dir,
-                      "image_size": options.image_size, "batch": options.batch}
-            path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
-            env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
-            sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
-            ranks = []
-            for rank in range(workers):
-                try:
-                    with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-                        ranks.append(json.load(f))
-                except FileNotFoundError:
-                    raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
-            real = realcompute.row_fields(ranks, out_dir, verify) if options.compute == "real" else None
-            row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, ranks,
-                       real)
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir:
+                    params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
+                              "iterations": iterations, "warmup": warmup, "verify": verify,
+                              "worker_class": sut.worker_class, "out_dir": out_dir,
+                              "image_size": options.image_size, "batch": options.batch}
+                    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+                    env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
+                    sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
+                    ranks = []
+                    for rank in range(workers):
+                        try:
+                            with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+                                ranks.append(json.load(f))
+                        except FileNotFoundError:
+                            raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
+                    real = realcompute.row_fields(ranks, out_dir, verify) if options.compute == "real" else None
+                    rows.append(_row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options,
+                                     cluster, ranks, real))
+                if on_row is not None:
+                    on_row(rows[-1])
     except PHubError as exc:
         if not quiet:
             raise
@@ -114,7 +126,7 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
     finally:
         if quiet:
             output.close()
-    return row
+    return rows
 
 
 def _row(sut, model, workers, iterations, warmup, verify, options, cluster, ranks, real=None) -> dict:

@@ -95,16 +95,20 @@ def cmd_launch(args) -> int:
 
 def cmd_bench_exchange(args) -> int:
     # The systems under test, phub's baselines among them, live in the `experiments` package.
-    from experiments.runner import Options, run_exchange, summary
+    from experiments.runner import Options, run_exchanges, summary
 
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
                       interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
                       bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant,
                       image_size=args.image_size, batch=args.batch)
-    row = run_exchange(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options)
-    print(summary(row), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(row))
+
+    def report(row: dict) -> None:  # as each repeat ends, so a long run shows progress
+        print(summary(row), file=sys.stderr if args.json else sys.stdout, flush=True)
+        if args.json:
+            print(json.dumps(row), flush=True)
+
+    run_exchanges(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options,
+                  repeats=args.repeats, on_row=report)
     return 0
 
 
@@ -182,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--warmup", type=int, default=1)
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
     exchange.add_argument("--json", action="store_true", help="print the result row as JSON (last line)")
+    exchange.add_argument("--repeats", type=_positive_int, default=1,
+                          help="runs on the same network (one emulated rack), each with fresh processes; "
+                               "one row (JSON line) each (default 1)")
     exchange.add_argument("--compute", choices=("zero", "replay", "real"), default="zero",
                           help="zero: exchanges only; replay: the model's GPU compute time, overlapped as in "
                                "training; real: train the MXNet model zoo network on synthetic data (default zero)")

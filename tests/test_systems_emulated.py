@@ -26,3 +26,24 @@ def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
     measured = row["cluster"]["measured_mbit"]["host"]
     assert abs(measured["mean_mbit"] / 200.0 - 1) <= 0.1  # 10 Gbps / s_n 50
     assert row["bytes_per_worker"] < 102197944 / 100  # the model was scaled by s_m = 200
+
+
+def test_repeats_share_one_rack_and_start_fresh_processes(tmp_path):
+    """`phub bench exchange --repeats 2` (what each pipeline point runs): one rack, built and
+    measured once, two verified rows streamed as JSON lines."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = tmp_path / "rack.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    run = subprocess.run([sys.executable, "-m", "phub", "bench", "exchange", "--network", "emulated", "--spec",
+                          str(spec), "--interfaces", "2", "--workers", "2", "--model", "resnet50", "--iterations",
+                          "2", "--repeats", "2", "--verify", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and all(r["verified"] for r in rows)
+    assert rows[0]["cluster"]["run_id"] == rows[1]["cluster"]["run_id"]  # the same rack
+    assert run.stderr.count("ms per iteration") == 2  # a summary as each repeat ends

@@ -1,11 +1,12 @@
-"""Measure one experiment point: run `phub bench exchange` `repeats` times, write one tidy CSV.
+"""Measure one experiment point: `phub bench exchange --repeats N`, then one tidy CSV.
 
     python workflow/scripts/run_point.py --point POINT.json --out results/points/EXP/ID.csv
                                          [--progress results/progress.json]
 
 The CSV appears only when every repeat succeeded (written to a temp file, then renamed), so an
 interrupted run leaves no partial file and a rerun redoes exactly the unfinished points. On an
-emulated network every repeat brings its rack up and down (the bench does, also on failure).
+emulated network the bench brings one rack up for all the point's repeats (each repeat starts its
+processes afresh) and takes it down at the end, also on failure.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
     argv = [sys.executable, "-m", "phub", "bench", "exchange", "--json",
             "--system", point["system"], "--model", point["model"], "--workers", str(point["workers"]),
             "--iterations", str(point["iterations"]), "--warmup", str(point["warmup"]),
+            "--repeats", str(point["repeats"]),
             "--compute", point["compute"], "--chunk-bytes", str(point["chunk_bytes"]),
             "--cores", str(point["cores"]), "--network", point["network"]]
     if point.get("variant"):
@@ -51,10 +53,11 @@ def bench_argv(point: dict, spec_path: str = "") -> list:
 STOP_GRACE = 60.0  # seconds the bench gets to take its rack down after a stop signal
 
 
-def run_bench(argv: list) -> tuple:
-    """Run one `phub bench exchange`; return (status, stdout). On SIGINT/SIGTERM the signal is
-    passed on and the bench is waited for (it tears its rack down first): killing it outright,
-    as subprocess.run would, could leave the rack's namespaces behind."""
+def run_bench(argv: list, on_row) -> int:
+    """Run one `phub bench exchange` (all repeats of a point); call `on_row` with each JSON row as
+    it arrives; return its exit status. On SIGINT/SIGTERM the signal is passed on and the bench
+    is waited for (it tears its rack down first): killing it outright, as subprocess.run would,
+    could leave the rack's namespaces behind."""
     # Its own session: a signal to our process group reaches it once, through us, not twice
     # (a second stop signal in the middle of its teardown could cut the teardown short).
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -67,14 +70,14 @@ def run_bench(argv: list) -> tuple:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        stdout, _ = proc.communicate()
-        if stopping:
-            proc.wait(STOP_GRACE)
-            return 128 + stopping[0], stdout
-        return proc.returncode, stdout
+        for line in proc.stdout:  # ends when the bench exits (after its teardown, if stopped)
+            if line.startswith("{") and not stopping:
+                on_row(json.loads(line))
+        proc.wait(STOP_GRACE)
+        return 128 + stopping[0] if stopping else proc.returncode
     except subprocess.TimeoutExpired:
         proc.kill()
-        return 1, ""
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -129,20 +132,22 @@ def main() -> int:
     point_started = time.monotonic()
     commit = git_commit()
     rows = []
+    since = [time.monotonic()]
+
+    def record(result: dict) -> None:
+        rows.append(tidy_row(point, len(rows), result, commit))
+        print(f"{label}: repeat {len(rows)}/{point['repeats']}: {result['seconds_per_iteration'] * 1e3:.1f} ms "
+              f"per iteration ({time.monotonic() - since[0]:.0f} s)", file=sys.stderr, flush=True)
+        since[0] = time.monotonic()
+
     with tempfile.TemporaryDirectory(prefix="phub-point-") as tmp:
         spec_path = os.path.join(tmp, "rack.json")
         Path(spec_path).write_text(json.dumps(point.get("rack", {})))
-        for repeat in range(point["repeats"]):
-            started = time.monotonic()
-            status, stdout = run_bench(bench_argv(point, spec_path))
-            if status != 0:
-                print(f"{label}: repeat {repeat} failed (status {status})", file=sys.stderr)
-                return 1
-            result = json.loads(stdout.strip().splitlines()[-1])
-            rows.append(tidy_row(point, repeat, result, commit))
-            print(f"{label}: repeat {repeat + 1}/{point['repeats']}: "
-                  f"{result['seconds_per_iteration'] * 1e3:.1f} ms per iteration "
-                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        status = run_bench(bench_argv(point, spec_path), record)  # every repeat, on one rack
+        if status != 0 or len(rows) != point["repeats"]:
+            print(f"{label}: failed (status {status}) after {len(rows)} of {point['repeats']} repeats",
+                  file=sys.stderr)
+            return 1
     write_csv(args.out, rows, COLUMNS)
     _log_duration(Path(args.out), time.monotonic() - point_started)
     return 0
