@@ -5,8 +5,9 @@
     python -m analysis check --results DIR --figures DIR --report results/report.md [--min-measured N]
 
 `figures` draws every figure (or those named with --only) into --out. `report` writes the claims
-report. `check` verifies a finished run: every figure is there, every claim has its row in the
-report and at least N claims (default 1) were measured; it lists what is missing and exits 1. Both read every CSV under --results (see analysis.results), and both write atomically.
+report. Both write atomically. `check` verifies a finished run: every figure is there, every
+claim has its row in the report and at least N claims (default 1) were measured; it lists what
+is missing and exits 1. All three read every CSV under --results (see analysis.results).
 A malformed results file stops the command with exit status 2 and a message that names the file.
 """
 from __future__ import annotations

@@ -47,10 +47,10 @@ def run_jobs(cluster, jobs, params: dict, out_dir: str, timeout: float) -> dict:
         for index, (job, token) in enumerate(JOBS):
             if job not in jobs:
                 continue
+            job_out = os.path.join(out_dir, f"job{job}")
+            os.makedirs(job_out, exist_ok=True)
             for rank in range(half):
                 node = cluster.workers[index * half + rank]
-                job_out = os.path.join(out_dir, f"job{job}")
-                os.makedirs(job_out, exist_ok=True)
                 env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_env(address, rank, half, job, token, timeout),
                            **{ENV_PARAMS: json.dumps(dict(params, out_dir=job_out))})
                 workers.append(subprocess.Popen(node.argv([sys.executable, "-m", "experiments.worker"]), env=env,

@@ -96,13 +96,13 @@ def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup
     try:
         with cluster_for(system, workers, options) as cluster:
             scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
+            path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir:
                     params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
                               "iterations": iterations, "warmup": warmup, "verify": verify,
                               "worker_class": sut.worker_class, "out_dir": out_dir,
                               "image_size": options.image_size, "batch": options.batch}
-                    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
                     env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
                     sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
                     ranks = []

@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--iterations", type=_positive_int, default=10)
     exchange.add_argument("--warmup", type=int, default=1)
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
-    exchange.add_argument("--json", action="store_true", help="print the result row as JSON (last line)")
+    exchange.add_argument("--json", action="store_true", help="print each result row as JSON (one line per repeat, the last lines)")
     exchange.add_argument("--repeats", type=_positive_int, default=1,
                           help="runs on the same network (one emulated rack), each with fresh processes; "
                                "one row (JSON line) each (default 1)")

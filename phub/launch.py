@@ -122,7 +122,8 @@ def _start_server(node: Node, config: ServerConfig, stderr_sink, prefix: str) ->
     return proc
 
 
-def _await_ready(proc: subprocess.Popen, node: Node) -> dict:
+def _await_ready(proc: subprocess.Popen, node: Node) -> str:
+    """The address in the server's ready line; the rest of its stdout is then drained and dropped."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
@@ -130,7 +131,8 @@ def _await_ready(proc: subprocess.Popen, node: Node) -> dict:
             line = proc.stdout.readline()
             if not line:
                 break
-            return json.loads(line)
+            threading.Thread(target=_pump, args=(proc.stdout, "", open(os.devnull, "w")), daemon=True).start()
+            return json.loads(line)["address"]
         if proc.poll() is not None:
             break
     raise PHubError(f"the phub server on {node.name} did not start (status {proc.poll()}); see its output above")
@@ -142,12 +144,10 @@ def start_server(node: Node, config: ServerConfig, stderr=None, prefix: str = ""
     to `phub.connect`. Raises PHubError if it does not start. Stop it with `stop_processes`."""
     proc = _start_server(node, config, stderr or sys.stderr, prefix)
     try:
-        address = _await_ready(proc, node)["address"]
+        return proc, _await_ready(proc, node)
     except BaseException:
         stop_processes([proc])
         raise
-    threading.Thread(target=_pump, args=(proc.stdout, "", open(os.devnull, "w")), daemon=True).start()
-    return proc, address
 
 
 def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,
@@ -175,9 +175,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
             servers[node.name] = proc
             processes.append(proc)
         for node in cluster.servers:
-            addresses.append(_await_ready(servers[node.name], node)["address"])
-            threading.Thread(target=_pump, args=(servers[node.name].stdout, "", open(os.devnull, "w")),
-                             daemon=True).start()
+            addresses.append(_await_ready(servers[node.name], node))
         workers = []
         for rank, node in enumerate(cluster.workers):
             address = ",".join(addresses[cluster.servers.index(s)] for s in cluster.servers_of(rank))

@@ -114,18 +114,12 @@ def select(cluster: Cluster, workers: int, interfaces: Optional[int] = None, rac
             raise ConfigError(f"hostfile {source}: PBox {pbox.name} has {len(pbox.addresses)} addresses, "
                               f"the run asks for {count} interfaces")
         pboxes.append(Node(pbox.name, pbox.addresses[:count], pbox.prefix, r))
-    if racks == 1:
-        chosen = [Node(w.name, w.addresses, w.prefix, 0) for w in cluster.workers[:workers]]
-    else:
-        chosen = []
-        for r in range(racks):
-            in_rack = [w for w in cluster.workers if w.rack == r][:workers // racks]
-            chosen += in_rack
-        if len(chosen) < workers:
-            raise ConfigError(f"hostfile {source}: the run needs {workers // racks} workers in each of racks "
-                              f"0..{racks - 1}")
+    per_rack = workers // racks
+    pools = [cluster.workers] if racks == 1 else [[w for w in cluster.workers if w.rack == r] for r in range(racks)]
+    chosen = [Node(w.name, w.addresses, w.prefix, r) for r, pool in enumerate(pools) for w in pool[:per_rack]]
     if len(chosen) < workers:
-        raise ConfigError(f"hostfile {source}: the run needs {workers} workers, it lists {len(cluster.workers)}")
+        where = "" if racks == 1 else f" ({per_rack} in each of racks 0..{racks - 1})"
+        raise ConfigError(f"hostfile {source}: the run needs {workers} workers{where}, it lists {len(cluster.workers)}")
     return Cluster(tuple(pboxes), tuple(chosen), hierarchical=racks > 1, extra=cluster.extra)
 
 
