@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 QUICK := results/quick
 
-.PHONY: venv test paper test-slurm check-quick clean
+.PHONY: venv pyverbs test paper test-slurm check-quick clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,20 @@ $(STAMP): pyproject.toml setup.py phub/_kernels.c
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: venv
+# pyverbs (rdma-core's Python bindings, for the verbs transport) is the distribution's package,
+# linked into the venv alone. Best effort: without it the tests that need it skip, saying why.
+SYSTEM_PYVERBS := /usr/lib/python3/dist-packages/pyverbs
+pyverbs: venv
+	@if ! $(PY) -c 'import pyverbs' 2>/dev/null; then \
+	  if [ ! -d $(SYSTEM_PYVERBS) ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -qq python3-pyverbs >/dev/null 2>&1 || echo "pyverbs: apt-get install python3-pyverbs failed"; fi; \
+	  if [ -d $(SYSTEM_PYVERBS) ]; then \
+	    mkdir -p $(VENV)/system-pyverbs && ln -sfn $(SYSTEM_PYVERBS) $(VENV)/system-pyverbs/pyverbs && \
+	    $(PY) -c 'import os, sysconfig; open(os.path.join(sysconfig.get_paths()["purelib"], "system-pyverbs.pth"), "w").write(os.path.abspath("$(VENV)/system-pyverbs") + "\n")'; fi; \
+	fi
+	@$(PY) -c 'import pyverbs.device' 2>/dev/null && echo "pyverbs: importable" || echo "pyverbs: not importable (the tests that need it skip, saying why)"
+
+test: venv pyverbs
 	$(PY) -m pytest -q
 
 paper: venv

@@ -94,6 +94,9 @@ class JobState:
         self._uninitialized: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> chunk ids
         self._ready_sent: Set[Tuple[int, int]] = set()
         self._digests: List[str] = []
+        # Where a new batch's buffers live: None = the heap; the verbs data path sets a function
+        # returning [(chunks, weights, slots[rank], results or None)] in registered memory.
+        self.buffers = None
 
     # -- registration and initial weights ---------------------------------------------------
     def register(self, rank: int, lane: int, batch: int, arrays) -> list:
@@ -124,16 +127,22 @@ class JobState:
         return self._batch_progress(batch) + self._ready(lane, batch)
 
     def _allocate(self, chunks: List[Chunk]) -> None:
+        groups = self.buffers(chunks) if self.buffers else [self._heap_buffers(chunks)]
+        for group, weights, slots, results in groups:
+            acc = np.zeros(len(weights), dtype=np.float32)
+            offset = 0
+            for c in group:
+                end = offset + c.size
+                state = self.owned[c.id] = ChunkState(c, weights[offset:end], acc[offset:end],
+                                                      [slots[r, offset:end] for r in range(self.num_workers)])
+                if results is not None:
+                    state.result = results[offset:end]
+                offset = end
+
+    def _heap_buffers(self, chunks: List[Chunk]):
         total = sum(c.size for c in chunks)
-        weights = np.zeros(total, dtype=np.float32)
-        acc = np.zeros(total, dtype=np.float32)
         slots = np.zeros((self.num_workers, total), dtype=np.float32)
-        offset = 0
-        for c in chunks:
-            end = offset + c.size
-            self.owned[c.id] = ChunkState(c, weights[offset:end], acc[offset:end],
-                                          [slots[r, offset:end] for r in range(self.num_workers)])
-            offset = end
+        return chunks, np.zeros(total, dtype=np.float32), slots, None
 
     def owned_chunk(self, header: wire.Header, lane: Optional[int] = None) -> ChunkState:
         """The chunk a data frame is for, checked against the plan (and against `lane`, if given)."""

@@ -11,6 +11,13 @@ from .chunking import DEFAULT_CHUNK_BYTES
 from .errors import ConfigError, PHubError
 
 
+def _comma_list(text: str):
+    items = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not items:
+        raise argparse.ArgumentTypeError("give at least one item")
+    return items
+
+
 def _interfaces(text: str):
     items = tuple(part.strip() for part in text.split(",") if part.strip())
     if not items:
@@ -43,9 +50,14 @@ def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> N
 
 
 def _add_transport_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transport", choices=("tcp", "verbs"), default="tcp",
-                        help="how chunks move: tcp (default) or verbs (RDMA; refused at start, with the "
-                             "reason, unless `phub doctor` says it can run here)")
+    parser.add_argument("--transport", choices=("tcp", "verbs", "soft-verbs"), default="tcp",
+                        help="how chunks move: tcp (default), verbs (RDMA; refused at start, with the "
+                             "reason, unless `phub doctor` says it can run here), or soft-verbs (the verbs "
+                             "data path in software, between processes of one machine: for testing)")
+    parser.add_argument("--rdma-devices", type=_comma_list, default=(),
+                        help="with --transport verbs: the RDMA port (NAME[:PORT], see `phub doctor`) serving "
+                             "each interface, comma-separated in --interfaces order (default: the first "
+                             "usable port for all)")
 
 
 def _server_config(args, jobs, once: bool):
@@ -55,7 +67,8 @@ def _server_config(args, jobs, once: bool):
                         lanes_per_pair=args.lanes_per_pair, chunk_bytes=args.chunk_bytes, once=once,
                         timeout=args.timeout, rack=getattr(args, "rack", 0),
                         peers=tuple(getattr(args, "peers", ()) or ()),
-                        transport=getattr(args, "transport", "tcp"))
+                        transport=getattr(args, "transport", "tcp"),
+                        rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()))
 
 
 def cmd_server(args) -> int:

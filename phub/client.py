@@ -26,7 +26,7 @@ from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address
+from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address, recv_control
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -67,6 +67,8 @@ class Client:
         self._commands: deque = deque()
         self._wake_pending = False
         self._lock = threading.Lock()
+        self._verbs = None  # the RDMA data path (rdma.worker.WorkerVerbs), if the server runs one
+        self._optimizer_acks: Optional[Handle] = None
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
         if not addresses:
@@ -82,6 +84,11 @@ class Client:
         self._leader = self.rank == welcomes[0].get("first_rank", 0)
         self.topology = Topology(interfaces, cores, lanes_per_pair, servers=len(welcomes))
         self.plan = ChunkPlan(self.topology, chunk_bytes)
+        self.transport = welcomes[0].get("transport", "tcp")  # how chunks move: the server's choice
+        if self.transport != "tcp":
+            from .rdma.worker import WorkerVerbs
+
+            self._verbs = WorkerVerbs.for_servers(self.transport, self.plan, rank, welcomes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []
         self._outbox: List[Link] = []  # links with output queued in this I/O loop iteration
@@ -106,36 +113,25 @@ class Client:
                  "num_workers": self.num_workers, "lane": lane}
         if lane >= 0:
             hello.update(shard=self.topology.lane_server(lane), shards=self.topology.servers)
+            if self._verbs:
+                hello["rdma"] = self._verbs.hello_params(lane)
         sock.sendall(wire.control_frame(wire.Kind.HELLO, self.job_id, self.rank, hello))
-        head = self._recv_exact(sock, wire.HEADER_BYTES)
-        header = wire.decode_header(head)
-        body = wire.decode_json(header, self._recv_exact(sock, header.length))
+        frame = recv_control(sock, self.timeout, "the phub server")
+        header, body = frame.header, frame.json()
         if header.kind is wire.Kind.ERROR:
             raise JobFailed(f"the server refused rank {self.rank}: {body.get('message')}")
         if header.kind is not wire.Kind.WELCOME:
             raise ProtocolError(f"expected WELCOME from the server, got {header.kind.name}")
+        if self._verbs and lane >= 0:
+            self._verbs.welcomed(lane, body)
         return body
-
-    @staticmethod
-    def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = sock.recv_into(view[got:])
-            if k == 0:
-                raise JobFailed("the server closed the connection during the handshake")
-            got += k
-        return buf
 
     def _discover(self, address) -> dict:
         sock = tcp_connect(address, self.timeout)
         try:
-            sock.settimeout(self.timeout)
             return self._hello(sock, -1)
-        except socket.timeout:
-            raise PHubTimeout(f"no answer from the phub server at {address[0]}:{address[1]} "
-                              f"within {self.timeout:g} s") from None
+        except PHubTimeout as exc:
+            raise PHubTimeout(f"{exc} (at {address[0]}:{address[1]})") from None
         finally:
             sock.close()
 
@@ -180,14 +176,17 @@ class Client:
             dest = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
             self._expect[chunk.id] = (dest, 0, handle)
         register = {"batch": batch, "arrays": [[k, int(a.size)] for k, a in arrays.items()]}
+        regions = self._verbs.register_batch(batch) if self._verbs else None
         frames = []
-        for lane in range(len(self._links)):
-            frames.append((lane, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, register, batch)))
+        for lane, link in enumerate(self._links):
+            if regions:
+                register["rdma"] = regions[lane]
+            frames.append((link, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, register, batch)))
         if self._leader:
             for chunk in new:
                 data = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
                 header = wire.pack_header(wire.Kind.INIT, self.job_id, self.rank, chunk.id, 0, chunk.nbytes)
-                frames.append((chunk.lane, header, data))
+                frames.append((self._links[chunk.lane], header, data))
         self._submit(frames)
         handle.wait()
 
@@ -196,13 +195,17 @@ class Client:
         rack's first rank's with two-phase reduction). It applies to every round of a chunk that
         completes after it reaches the server, so a round this worker pushed already but that
         waits for slower workers may use it too: to switch at an exact iteration (e.g. a new
-        learning rate), `wait_all()` first. Does not block."""
+        learning rate), `wait_all()` first. Does not block on TCP; on an RDMA transport the
+        leader waits (one round trip, up to `timeout`) until every lane has applied it, as its
+        pushes there do not travel behind it."""
         if not isinstance(optimizer, Optimizer):
             raise ConfigError(f"set_optimizer takes a phub optimizer (NAG, SGD, Aggregate), got {optimizer!r}")
         self._check_failed()
         if self._leader:
-            self._submit([(lane, wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
-                          for lane in range(len(self._links))])
+            acks = self._optimizer_acks = Handle(self, len(self._links), None, "set_optimizer", [])
+            self._to_all_lanes(wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
+            if self._verbs:
+                acks.wait()
 
     def pushpull_async(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None) -> Handle:
         """Push `grad` for `key`; the returned handle's `wait()` gives `out` holding the result
@@ -225,11 +228,15 @@ class Client:
         frames = []
         job, rank, push, pack, expect = self.job_id, self.rank, wire.Kind.PUSH, wire.pack_header, self._expect
         out_bytes, grad_bytes = memoryview(out_flat).cast("B"), memoryview(grad_flat).cast("B")
+        links, verbs = self._links, self._verbs
         for chunk in chunks:  # slicing one byte view per array is cheaper than a view per chunk
             start, nbytes = chunk.offset * ITEMSIZE, chunk.size * ITEMSIZE
             expect[chunk.id] = (out_bytes[start:start + nbytes], iteration, handle)
-            frames.append((chunk.lane, pack(push, job, rank, chunk.id, iteration, nbytes),
-                           grad_bytes[start:start + nbytes]))
+            if verbs:  # the chunk id is the RDMA write's immediate; no header travels
+                frames.append((verbs, chunk.id, grad_bytes[start:start + nbytes]))
+            else:
+                frames.append((links[chunk.lane], pack(push, job, rank, chunk.id, iteration, nbytes),
+                               grad_bytes[start:start + nbytes]))
         self._inflight[key] = handle
         self._submit(frames)
         return handle
@@ -251,8 +258,7 @@ class Client:
         try:
             if self._error is None:
                 self.wait_all(timeout)
-                self._submit([(lane, wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
-                              for lane in range(len(self._links))])
+                self._to_all_lanes(wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
         finally:
             self._closing = True
             self._wake()
@@ -262,6 +268,8 @@ class Client:
                 link.close()
             self._wake_r.close()
             self._wake_w.close()
+            if self._verbs:
+                self._verbs.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -273,8 +281,12 @@ class Client:
 
     # -- I/O thread -----------------------------------------------------------------------------
     def _submit(self, frames: List[tuple]) -> None:
+        """Queue (sender, *parts) items for the I/O thread: it calls sender.send(*parts)."""
         self._commands.append(frames)
         self._wake()
+
+    def _to_all_lanes(self, frame: bytes) -> None:
+        self._submit([(link, frame) for link in self._links])
 
     def _wake(self) -> None:
         with self._lock:
@@ -288,8 +300,7 @@ class Client:
 
     def _abort(self, message: str) -> None:
         """Tell the server this worker gives up (best effort), so the others stop at once."""
-        frame = wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message})
-        self._submit([(lane, frame) for lane in range(len(self._links))])
+        self._to_all_lanes(wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message}))
 
     def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
         wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
@@ -307,7 +318,12 @@ class Client:
             _, _, handle = self._expect.pop(frame.header.chunk)
             handle._arrived()
         elif kind is wire.Kind.READY:
-            self._ready_waiters[frame.json()["batch"]]._arrived()
+            body = frame.json()
+            if self._verbs:
+                self._verbs.ready(self._links.index(link), body["batch"], body)
+            self._ready_waiters[body["batch"]]._arrived()
+        elif kind is wire.Kind.OPTIMIZER and self._verbs:
+            self._optimizer_acks._arrived()
         elif kind is wire.Kind.ERROR:
             raise JobFailed(frame.json().get("message", "the server reported an error"))
         else:
@@ -316,11 +332,14 @@ class Client:
     def _io_loop(self) -> None:
         try:
             while True:
-                for key, mask in self._selector.select(timeout=1.0):
+                nap = self._verbs.nap if self._verbs and self._expect else 1.0
+                for key, mask in self._selector.select(timeout=nap):
                     if key.data is None:
                         self._drain_commands()
                     else:
                         key.data.service(mask)
+                if self._verbs:  # results written straight into our registered memory
+                    self._verbs.deliver(self._expect)
                 flush_links(self._outbox)
                 if self._closing and not self._commands and not any(l.outq for l in self._links):
                     return
@@ -355,18 +374,18 @@ class Client:
             pass
         with self._lock:
             self._wake_pending = False
-        links = self._links
         while self._commands:
-            for frame in self._commands.popleft():
-                links[frame[0]].send(*frame[1:])
+            for item in self._commands.popleft():
+                item[0].send(*item[1:])
 
     def _fail(self, error: PHubError) -> None:
         if self._error is None:
             self._error = error
         for _, _, handle in list(self._expect.values()):
             handle._event.set()
-        for handle in self._ready_waiters.values():
-            handle._event.set()
+        for handle in [*self._ready_waiters.values(), self._optimizer_acks]:
+            if handle is not None:
+                handle._event.set()
 
     def _check_failed(self) -> None:
         if self._error is not None:

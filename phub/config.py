@@ -9,6 +9,7 @@ from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
 from .errors import ConfigError
 
 Endpoint = Tuple[str, int]
+TRANSPORTS = ("tcp", "verbs", "soft-verbs")
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,9 @@ class ServerConfig:
     kernels: str = "auto"
     rack: int = 0  # with peers: this server's rack index ...
     peers: Tuple[str, ...] = ()  # ... and every rack server's discovery HOST:PORT, in rack order
-    transport: str = "tcp"  # or "verbs": refused at start unless it can run here (see phub doctor)
+    transport: str = "tcp"  # or "verbs" (refused at start unless it can run here, see phub doctor),
+    # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
+    rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
 
     def __post_init__(self):
         object.__setattr__(self, "jobs", tuple(self.jobs))
@@ -100,8 +103,12 @@ class ServerConfig:
                               "give every rack server's address (at least two) and this server's index")
         if self.peers and self.port == 0:
             raise ConfigError("ServerConfig: a rack server needs a fixed --port so the other racks can reach it")
-        if self.transport not in ("tcp", "verbs"):
-            raise ConfigError(f"ServerConfig.transport must be 'tcp' or 'verbs', got {self.transport!r}")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"ServerConfig.transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        object.__setattr__(self, "rdma_devices", tuple(self.rdma_devices))
+        if self.rdma_devices and (self.transport != "verbs" or len(self.rdma_devices) != len(self.interfaces)):
+            raise ConfigError(f"ServerConfig.rdma_devices {list(self.rdma_devices)}: give one RDMA port per "
+                              f"interface ({len(self.interfaces)}), and only with transport 'verbs'")
 
     @property
     def racks(self) -> int:
@@ -120,6 +127,8 @@ class ServerConfig:
             argv += ["--rack", str(self.rack), "--peers", ",".join(self.peers)]
         if self.transport != "tcp":
             argv += ["--transport", self.transport]
+        if self.rdma_devices:
+            argv += ["--rdma-devices", ",".join(self.rdma_devices)]
         return argv
 
     def topology_with(self, shards: int = 1) -> Topology:

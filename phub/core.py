@@ -18,11 +18,12 @@ from typing import Dict, List, Optional
 from . import wire
 from .aggregation import ChunkState, JobState, ReadyLane, Result
 from .config import Endpoint, ServerConfig
-from .errors import ConfigError, ProtocolError
+from .errors import ConfigError, JobFailed, ProtocolError
 from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
 from .kernels import get_backend
 from .optim import optimizer_from_dict
 from .racklinks import RackLinks
+from .rdma.serving import CoreVerbs
 from .session import Job, Peer
 from .transport import Link, LinkClosed, flush_links
 
@@ -54,7 +55,7 @@ class Core(RackLinks):
     def run(self) -> int:
         """Serve until every job has ended (with `once`) or forever; return the exit status."""
         while not (self.config.once and all(job.ended is not None for job in self.jobs.values())):
-            for key, mask in self.selector.select(timeout=1.0):
+            for key, mask in self.selector.select(timeout=self._nap()):
                 if isinstance(key.data, tuple):
                     self._accept(key.fileobj, key.data[1])
                     continue
@@ -65,12 +66,32 @@ class Core(RackLinks):
                     self._lost(link, str(exc), exc.midframe)
                 except ProtocolError as exc:
                     self._bad_peer(link, str(exc))
+                except JobFailed as exc:  # an RDMA write this frame caused could not be made
+                    self._fail(self.peers[link].job, f"RDMA data path: {exc}")
+            self._poll_verbs()
             flush_links(self.outbox)
             self._check_stalls()
         for job in self.jobs.values():  # the other racks may still be reading our last partials
             for link in job.peer_links.values():
                 link.flush_blocking(self.config.timeout)
         return 1 if any(job.ended for job in self.jobs.values()) else 0
+
+    def _nap(self) -> float:
+        """How long the loop may wait for sockets: a second, or the RDMA provider's polling gap."""
+        return min([job.verbs.nap for job in self.jobs.values() if job.verbs and job.ended is None] or [1.0])
+
+    def _poll_verbs(self) -> None:
+        for job in self.jobs.values():
+            if job.verbs is None or job.ended is not None:
+                continue
+            try:
+                for local, lane, header in job.verbs.poll():
+                    job.last_progress = time.monotonic()
+                    events = job.state.on_push(local, header)
+                    if events:
+                        self._act(job, events)
+            except (ProtocolError, JobFailed) as exc:
+                self._fail(job, f"RDMA data path: {exc}")
 
     def _accept(self, listener: socket.socket, interface: int) -> None:
         try:
@@ -134,7 +155,10 @@ class Core(RackLinks):
             self._act(job, job.state.on_init(header, peer.lane))
         elif kind is wire.Kind.REGISTER:
             body = frame.json()
-            self._act(job, job.state.register(peer.local, peer.lane, body.get("batch"), body.get("arrays", ())))
+            events = job.state.register(peer.local, peer.lane, body.get("batch"), body.get("arrays", ()))
+            if job.verbs:  # the batch is laid out now: its region can be checked
+                job.verbs.registered(peer.lane, peer.local, body["batch"], body)
+            self._act(job, events)
         elif kind is wire.Kind.OPTIMIZER:
             if peer.local != 0:
                 raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only the first worker sets the optimizer")
@@ -142,6 +166,8 @@ class Core(RackLinks):
                 job.state.set_optimizer(peer.lane, optimizer_from_dict(frame.json()))
             except ConfigError as exc:
                 raise ProtocolError(f"rank {peer.rank} sent an invalid optimizer: {exc}") from None
+            if job.verbs:  # the leader's next pushes wait for this: RDMA writes do not queue behind it
+                link.send(wire.control_frame(wire.Kind.OPTIMIZER, job.spec.job_id, wire.SERVER_SENDER, {}))
         elif kind is wire.Kind.BYE:
             job.said_bye.add((peer.lane, peer.local))
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
@@ -175,7 +201,8 @@ class Core(RackLinks):
         welcome = {
             "cores": self.config.cores, "interfaces": list(self.config.interfaces),
             "lanes_per_pair": self.config.lanes_per_pair, "chunk_bytes": self.config.chunk_bytes,
-            "endpoints": self.endpoints, "first_rank": spec.first_rank,
+            "endpoints": self.endpoints, "first_rank": spec.first_rank, "workers_here": spec.num_workers,
+            "transport": self.config.transport,
         }
         if lane == -1:  # discovery only: answer, and let the worker close
             return link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
@@ -193,6 +220,11 @@ class Core(RackLinks):
         local = rank - spec.first_rank
         if job.links[lane][local] is not None:
             return self._refuse(link, f"rank {rank} connected lane {lane} twice")
+        if job.verbs:
+            try:
+                welcome["rdma"] = job.verbs.hello(peer.interface, lane, local, rank, hello)
+            except (ProtocolError, JobFailed, ConfigError) as exc:
+                return self._refuse(link, f"rank {rank} lane {lane}: RDMA connection failed: {exc}")
         peer.job, peer.rank, peer.local, peer.lane = job, rank, local, lane
         job.links[lane][local] = link
         job.last_progress = time.monotonic()
@@ -214,6 +246,8 @@ class Core(RackLinks):
                                              rack=self.config.rack, racks=self.config.racks)
         else:
             job.state = JobState(*args, server=shard[0], total_workers=job.spec.total_workers)
+        if self.config.transport != "tcp":
+            job.verbs = CoreVerbs(self.config.transport, job.state, dict(enumerate(self.config.rdma_devices)))
         job.shard = shard
         job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
         for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
@@ -229,9 +263,11 @@ class Core(RackLinks):
             elif isinstance(event, ReadyLane):
                 for state in event.chunks:
                     self._send_result(job, state)
-                frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, {"batch": event.batch})
-                for link in job.links[event.lane]:
-                    link.send(frame)
+                ready = {"batch": event.batch}
+                for local, link in enumerate(job.links[event.lane]):
+                    if job.verbs:  # each worker learns where its slots are
+                        ready["rdma"] = job.verbs.ready_params(event.lane, local, event.batch)
+                    link.send(wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, ready))
             elif isinstance(event, SendPartial):
                 header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
                                           event.state.chunk.id, event.iteration, event.state.chunk.nbytes)
@@ -246,6 +282,8 @@ class Core(RackLinks):
                                                        {"batch": event.batch}))
 
     def _send_result(self, job: Job, state: ChunkState) -> None:
+        if job.verbs:
+            return job.verbs.send_result(state)
         chunk = state.chunk
         header = wire.pack_header(wire.Kind.RESULT, job.spec.job_id, wire.SERVER_SENDER, chunk.id,
                                   state.rounds, chunk.nbytes)

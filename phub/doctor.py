@@ -13,7 +13,8 @@ raises except `require_transport`, which is how choosing a transport fails at st
     privileges   {"cap_net_admin": bool or null, "netns": bool, "netns_detail": str}
     rdma         see phub.rdma.verbs.probe()
     libraries    {"numpy": version or null, "mxnet": ..., "torch": ...}   (null: not installed)
-    transports   {"tcp": {"available", "reason"}, "verbs": {"available", "hardware", "reason"}}
+    transports   {"tcp": {"available", "reason"}, "verbs": {"available", "hardware", "reason"},
+                  "soft-verbs": {"available", "reason"}}
     modes        {"loopback": {"available", "reason"}, "emulated_rack": {"available", "reason"}}
 """
 from __future__ import annotations
@@ -29,9 +30,9 @@ import socket
 import subprocess
 from typing import Dict, List, Optional
 
+from .config import TRANSPORTS
 from .errors import ConfigError
 
-TRANSPORTS = ("tcp", "verbs")
 CAP_NET_ADMIN = 12  # bit number in the capability sets of /proc/<pid>/status
 LIBRARIES = ("numpy", "mxnet", "torch")
 # Everything the emulated rack needs, tried inside a private network namespace (gone on exit):
@@ -129,11 +130,17 @@ def verbs_transport(rdma: dict) -> dict:
     """Whether the verbs transport can run, from `phub.rdma.verbs.probe()`'s report, and why not."""
     if rdma["reason"]:
         return {"available": False, "hardware": False, "reason": rdma["reason"]}
-    ports = ", ".join(rdma["usable"])
-    return {"available": False, "hardware": True,
-            "reason": f"RDMA port(s) {ports} are usable, but the phub server does not run its data path over "
-                      "verbs yet (phub.rdma has the pieces: immediates, registration plan, connection "
-                      "parameters, queue pairs); use the tcp transport"}
+    return {"available": True, "hardware": True, "reason": None}
+
+
+def soft_verbs() -> dict:
+    """The software RDMA provider needs abstract Unix sockets (Linux)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(b"\0phub-doctor-%d" % os.getpid())
+    except (OSError, AttributeError) as exc:
+        return {"available": False, "reason": f"no abstract Unix sockets here: {exc}"}
+    return {"available": True, "reason": None}
 
 
 def emulated_rack(privileges: dict) -> dict:
@@ -165,7 +172,7 @@ def collect() -> dict:
         "privileges": privileges,
         "rdma": rdma,
         "libraries": libraries(),
-        "transports": {"tcp": dict(lo), "verbs": verbs_transport(rdma)},
+        "transports": {"tcp": dict(lo), "verbs": verbs_transport(rdma), "soft-verbs": soft_verbs()},
         "modes": {"loopback": dict(lo), "emulated_rack": emulated_rack(privileges)},
     }
 
@@ -174,7 +181,7 @@ def require_transport(transport: str) -> None:
     """Raise ConfigError, with the doctor's explanation, unless `transport` can run here."""
     if transport not in TRANSPORTS:
         raise ConfigError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
-    if transport == "tcp":
+    if transport != "verbs":  # tcp, and soft-verbs (software only) run wherever phub runs
         return
     from .rdma.verbs import probe
 
@@ -221,6 +228,7 @@ def render(report: dict) -> str:
         "transports",
         f"    tcp            {_yes(report['transports']['tcp'])}",
         f"    verbs          {_yes(report['transports']['verbs'])}",
+        f"    soft-verbs     {_yes(report['transports']['soft-verbs'])}  (the verbs data path in software, for tests)",
         "experiment modes",
         f"    loopback       {_yes(report['modes']['loopback'])}",
         f"    emulated rack  {_yes(report['modes']['emulated_rack'])}",

@@ -20,6 +20,7 @@ class Job:
     def __init__(self, spec: JobSpec):
         self.spec = spec
         self.state: Optional[JobState] = None
+        self.verbs = None  # the job's verbs data path on this core (rdma.serving.CoreVerbs), if used
         self.shard: Tuple[int, int] = (0, 1)  # (this server's index, number of shards)
         self.links: Dict[int, List[Optional[Link]]] = {}  # lane -> link per local worker
         self.peer_links: Dict[int, Link] = {}  # rack -> link to that rack's server (same core)

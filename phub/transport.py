@@ -14,9 +14,11 @@ import collections
 import itertools
 import selectors
 import socket
+import time
 from typing import Callable, List, Optional
 
 from . import wire
+from .errors import PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
 
@@ -201,3 +203,31 @@ def parse_address(text: str, default_port: Optional[int] = None):
             raise ValueError(f"address {text!r} must be HOST:PORT")
         return text, default_port
     return host.strip("[]"), int(port)
+
+
+def _reject_data(header: wire.Header) -> memoryview:
+    raise ProtocolError(f"expected a control frame during the handshake, got {header.kind.name}")
+
+
+def recv_control(sock: socket.socket, timeout: float, peer: str = "the peer") -> wire.Frame:
+    """Block until one whole control frame arrives on `sock` (a handshake, before any loop runs).
+
+    Raises PHubTimeout after `timeout` seconds, ProtocolError for a bad frame or a data frame,
+    or if `peer` closes the connection first.
+    """
+    receiver = wire.FrameReceiver(_reject_data)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise socket.timeout
+            sock.settimeout(left)
+            n = sock.recv_into(receiver.buffer())
+        except socket.timeout:
+            raise PHubTimeout(f"no answer from {peer} within {timeout:g} s") from None
+        if n == 0:
+            raise ProtocolError(f"{peer} closed the connection during the handshake")
+        frame = receiver.received(n)
+        if frame is not None:
+            return frame

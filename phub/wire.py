@@ -47,7 +47,8 @@ class Kind(enum.IntEnum):
     REGISTER = 3  # client -> server, JSON: a batch of arrays (key, elements)
     INIT = 4  # rank 0 -> server, data: initial weights of one chunk
     READY = 5  # server -> client, JSON: a registered batch is initialized on this lane
-    OPTIMIZER = 6  # rank 0 -> server, JSON: optimizer or aggregation mode for the job
+    OPTIMIZER = 6  # rank 0 -> server, JSON: optimizer or aggregation mode for the job; on the verbs
+    # transport the server echoes it (empty JSON) once applied: pushes there do not travel behind it
     PUSH = 7  # client -> server, data: one chunk of a gradient
     RESULT = 8  # server -> client, data: one chunk of new weights (or of the aggregate)
     BYE = 9  # client -> server: clean close

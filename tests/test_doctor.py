@@ -68,10 +68,10 @@ def test_doctor_transports_and_modes_agree_with_the_probes(report):
     assert report["modes"]["loopback"] == {"available": True, "reason": None}
     rdma, verbs_status = report["rdma"], report["transports"]["verbs"]
     assert verbs_status == doctor.verbs_transport(rdma)
-    assert verbs_status["available"] is False and verbs_status["reason"]  # the data path is not wired yet
-    assert verbs_status["hardware"] == bool(rdma["usable"])
+    assert verbs_status["available"] is verbs_status["hardware"] is bool(rdma["usable"])
     if not rdma["usable"]:
         assert rdma["reason"] and verbs_status["reason"] == rdma["reason"]
+    assert report["transports"]["soft-verbs"] == {"available": True, "reason": None}  # Linux: abstract sockets
     rack = report["modes"]["emulated_rack"]
     if rack["available"]:
         assert report["privileges"]["netns"] and report["privileges"]["cap_net_admin"] is not False
@@ -112,7 +112,7 @@ def verbs_reason():
 
 def test_transport_option_is_validated():
     assert phub.ServerConfig().transport == "tcp"
-    with pytest.raises(ConfigError, match="ServerConfig.transport must be 'tcp' or 'verbs', got 'rdma'"):
+    with pytest.raises(ConfigError, match="ServerConfig.transport must be one of tcp, verbs, soft-verbs, got 'rdma'"):
         phub.ServerConfig(transport="rdma")
     assert "--transport" not in phub.ServerConfig().to_argv()
     argv = phub.ServerConfig(transport="verbs").to_argv()

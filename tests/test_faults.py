@@ -118,7 +118,7 @@ def test_a_client_of_one_job_cannot_touch_another_jobs_chunks(tmp_path):
         attacker.init("w", mine)
         # a hand-made frame claiming job 2 on job 1's lane: the server refuses it and fails job 1 only
         payload = np.full(100, 1e6, np.float32)
-        attacker._submit([(0, wire.pack_header(wire.Kind.PUSH, 2, 0, 0, 1, 400), memoryview(payload).cast("B"))])
+        attacker._submit([(attacker._links[0], wire.pack_header(wire.Kind.PUSH, 2, 0, 0, 1, 400), memoryview(payload).cast("B"))])
         with pytest.raises(phub.JobFailed, match="PUSH frame for job 2 on a connection of job 1"):
             attacker.pushpull("w", np.ones(100, np.float32), timeout=10)
         for _ in range(3):

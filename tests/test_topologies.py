@@ -16,9 +16,9 @@ from workers.exchange_worker import initial
 STEPS = 3
 
 
-def run(tmp_path, cluster, workers, optimizer, cores=1):
+def run(tmp_path, cluster, workers, optimizer, cores=1, transport="tcp"):
     params = {"sizes": SIZES, "steps": STEPS, "optimizer": optimizer and optimizer.to_dict(), "out_dir": str(tmp_path)}
-    config = phub.ServerConfig(cores=cores, timeout=60)
+    config = phub.ServerConfig(cores=cores, timeout=60, transport=transport)
     result = run_job([sys.executable, WORKER], workers, config, cluster, extra_env={"PHUB_TEST": json.dumps(params)})
     assert result.status == 0, result.failed
     return [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(workers)]

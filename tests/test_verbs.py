@@ -228,6 +228,26 @@ def test_worker_registration_keeps_each_array_contiguous():
         reg.result(999)
 
 
+def test_per_batch_regions_start_at_their_batch():
+    plan = make_plan(2, 2)
+    second = WorkerRegistration(plan, batch=1)
+    mine = [c for c in plan.chunks if c.batch == 1]
+    assert sorted(second.position) == [c.id for c in mine] and second.result(mine[0].id) == (0, mine[0].nbytes)
+    assert second.elements == 33333
+    with pytest.raises(ConfigError, match="not among this region's"):
+        second.result(0)  # a chunk of batch 0
+    with pytest.raises(ConfigError, match="batch 2 has no chunks"):
+        WorkerRegistration(plan, batch=2)
+    for (server, core), lanes in core_lanes(plan).items():
+        reg = CoreRegistration(plan, lanes, 3)
+        for interface in reg.interfaces:
+            blocks = reg.batch_blocks(interface, 1)
+            assert blocks is not None and blocks.batch == 1 and reg.batch_blocks(interface, 7) is None
+            first = blocks.chunk_ids[0]
+            assert reg.in_batch_region(reg.slot(first, 0), first) == 0  # a batch's region starts with its slots
+            assert reg.in_batch_region(reg.weights(first), first) == blocks.weights - blocks.slots
+
+
 def test_registration_rejects_bad_ranks_and_lanes():
     plan = make_plan(1, 1)
     reg = CoreRegistration(plan, [0], 2)

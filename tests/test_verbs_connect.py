@@ -1,13 +1,12 @@
-"""Queue-pair connection parameters: validation, and the HELLO/WELCOME exchange over real TCP."""
+"""Queue-pair connection parameters: validation, and a handshake frame read over real TCP."""
 import socket
-import threading
 
 import pytest
 
 from phub import wire
-from phub.errors import JobFailed, PHubTimeout, ProtocolError
-from phub.rdma.connect import (FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu, recv_control,
-                               server_handshake, worker_handshake)
+from phub.errors import PHubTimeout, ProtocolError
+from phub.rdma.connect import FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu
+from phub.transport import recv_control
 
 WORKER = dict(qp_num=0x12345, psn=0xABCDE, lid=7, gid="fe80:0000:0000:0000:0202:c9ff:fe00:0001", mtu=4096,
               addr=0x7F00_0000_1000, rkey=0xDEADBEEF, length=1 << 20)
@@ -66,80 +65,17 @@ def test_missing_extra_and_non_object_params():
         ConnParams(**SERVER).check_covers(8192, "the server")
 
 
-def test_exchange_over_tcp_gives_each_side_the_others_params(tcp_pair):
+def test_a_handshake_read_takes_one_control_frame_and_refuses_data_silence_and_a_close(tcp_pair):
     client, server = tcp_pair
-    worker_params, server_params = ConnParams(**WORKER), ConnParams(**SERVER)
-    seen = {}
-
-    def answer(hello, remote):
-        seen["hello"], seen["remote"] = hello, remote
-        return {"cores": 2, "lane": hello["lane"]}, server_params
-
-    def serve():
-        try:
-            seen["result"] = server_handshake(server, answer, job=5, timeout=10)
-        except Exception as exc:  # reported by the main thread's assertions
-            seen["error"] = exc
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    welcome, got = worker_handshake(client, {"job": 5, "rank": 2, "lane": 3}, worker_params, job=5, rank=2,
-                                    timeout=10)
-    thread.join(10)
-    assert not thread.is_alive() and "error" not in seen
-    assert got == server_params and welcome["cores"] == 2 and welcome["lane"] == 3
-    assert seen["remote"] == worker_params and seen["hello"]["rank"] == 2
-    assert seen["result"] == (seen["hello"], worker_params)
-
-
-def send_hello(sock, body, job=5, sender=2):
-    sock.sendall(wire.control_frame(wire.Kind.HELLO, job, sender, body))
-
-
-@pytest.mark.parametrize("body, job, message", [
-    ({"lane": 0, FIELD: dict(WORKER, gid="nope")}, 5, "rank 2 sent bad rdma parameters: rdma.gid must be"),
-    ({"lane": 0, FIELD: dict(WORKER, qp_num=-3)}, 5, "rdma.qp_num = -3 is outside"),
-    ({"lane": 0}, 5, "rank 2 did not send rdma parameters"),
-    ({"lane": 0, FIELD: WORKER}, 6, "HELLO for job 6, this server runs job 5"),
-])
-def test_bad_hello_is_answered_with_an_error_naming_the_problem(tcp_pair, body, job, message):
-    client, server = tcp_pair
-    send_hello(client, body, job=job)
-    with pytest.raises(ProtocolError, match=message):
-        server_handshake(server, lambda hello, remote: pytest.fail("answer called for a bad HELLO"), job=5,
-                         timeout=10)
-    reply = recv_control(client, 10)
-    assert reply.header.kind is wire.Kind.ERROR and message.split(":")[0] in reply.json()["message"]
-
-
-def test_server_rejects_a_data_frame_or_a_close_during_the_handshake(tcp_pair):
-    client, server = tcp_pair
+    body = attach({"lane": 3}, ConnParams(**WORKER))
+    client.sendall(wire.control_frame(wire.Kind.HELLO, 5, 2, body))
+    frame = recv_control(server, 10)
+    assert frame.header.kind is wire.Kind.HELLO and extract(frame.json(), "rank 2") == ConnParams(**WORKER)
     client.sendall(wire.pack_header(wire.Kind.PUSH, 5, 2, 0, 1, 4) + b"\0\0\0\0")
-    with pytest.raises(ProtocolError, match="expected a control frame during the rdma handshake, got PUSH"):
-        server_handshake(server, lambda hello, remote: None, timeout=10)
-    client.close()
-    with pytest.raises(ProtocolError, match="closed the connection during the rdma handshake"):
+    with pytest.raises(ProtocolError, match="expected a control frame during the handshake, got PUSH"):
         recv_control(server, 10)
-
-
-def test_worker_sees_refusals_and_bad_welcomes(tcp_pair):
-    client, server = tcp_pair
-    params = ConnParams(**WORKER)
-    server.sendall(wire.control_frame(wire.Kind.ERROR, 5, wire.SERVER_SENDER, {"message": "lane 9 is not served"}))
-    with pytest.raises(JobFailed, match="refused the rdma handshake: lane 9 is not served"):
-        worker_handshake(client, {"lane": 9}, params, job=5, rank=2, timeout=10)
-    server.sendall(wire.control_frame(wire.Kind.WELCOME, 5, wire.SERVER_SENDER, {"cores": 1}))
-    with pytest.raises(ProtocolError, match="the server did not send rdma parameters"):
-        worker_handshake(client, {"lane": 0}, params, job=5, rank=2, timeout=10)
-    server.sendall(wire.control_frame(wire.Kind.READY, 5, wire.SERVER_SENDER, {"batch": 0}))
-    with pytest.raises(ProtocolError, match="expected WELCOME, got READY"):
-        worker_handshake(client, {"lane": 0}, params, job=5, rank=2, timeout=10)
-    server.sendall(b"XXXX" + bytes(28))
-    with pytest.raises(ProtocolError, match="bad magic"):
-        worker_handshake(client, {"lane": 0}, params, job=5, rank=2, timeout=10)
-
-
-def test_handshake_times_out_on_a_silent_peer(tcp_pair):
-    client, _ = tcp_pair
-    with pytest.raises(PHubTimeout, match="no handshake frame within 0.2 s"):
-        recv_control(client, 0.2)
+    with pytest.raises(PHubTimeout, match="no answer from the server within 0.2 s"):
+        recv_control(client, 0.2, "the server")
+    client.close()
+    with pytest.raises(ProtocolError, match="rank 2 closed the connection during the handshake"):
+        recv_control(server, 10, "rank 2")

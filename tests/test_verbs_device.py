@@ -10,6 +10,8 @@ import types
 import numpy as np
 import pytest
 
+import phub
+
 from phub import doctor
 from phub.errors import ConfigError
 from phub.rdma import immediate, verbs
@@ -144,18 +146,15 @@ def test_probe_reports_devices_whose_ports_are_down(monkeypatch):
     assert status == {"available": False, "hardware": False, "reason": report["reason"]}
 
 
-def test_probe_finds_an_active_port_and_the_transport_says_what_is_missing(monkeypatch):
+def test_probe_finds_an_active_port_and_the_verbs_transport_can_run(monkeypatch):
     fake_pyverbs(monkeypatch, devices={"mlx5_0": [1, 4]})
     report = verbs.probe()
     assert report["reason"] is None and report["usable"] == ["mlx5_0:2"]
     port = report["devices"][0]["ports"][1]
     assert port == {"port": 2, "state": 4, "active": True, "link_layer": "ethernet", "lid": 0, "mtu": 4096,
                     "gid": "fe80:0000:0000:0000:0000:0000:0000:0001"}
-    status = doctor.verbs_transport(report)
-    assert status["hardware"] is True and status["available"] is False
-    assert "mlx5_0:2 are usable, but the phub server does not run its data path over verbs yet" in status["reason"]
-    with pytest.raises(ConfigError, match="does not run its data path over verbs yet"):
-        doctor.require_transport("verbs")
+    assert doctor.verbs_transport(report) == {"available": True, "hardware": True, "reason": None}
+    doctor.require_transport("verbs")  # does not raise
 
 
 # -- with the real pyverbs ------------------------------------------------------------------
@@ -180,26 +179,26 @@ def test_work_requests_build_with_the_real_pyverbs():
             self.wr = wr
 
     memory = verbs.Memory(8192)
-    nic = types.SimpleNamespace(pv=pv, port=1, gid_index=3, memory=memory,
-                                mr=types.SimpleNamespace(lkey=11, rkey=22))
-    nic.params = lambda qp_num, psn: ConnParams(qp_num=qp_num, psn=psn, lid=5, gid=ZERO_GID, mtu=4096,
-                                                addr=memory.address, rkey=22, length=memory.length)
+    region = verbs.Region(memory, rkey=22, lkey=11)
+    nic = types.SimpleNamespace(pv=pv, port=1, gid_index=3, lid=5, gid=ZERO_GID, mtu=4096, scratch=region)
     conn = object.__new__(verbs.RcConnection)  # everything but the device objects
-    conn.nic, conn.qp, conn.psn, conn.remote, conn.credits = nic, RecordingQP(), 77, None, verbs.SendCredits(4, 2)
+    conn.nic, conn.qp, conn.qp_num, conn.psn, conn.remote = nic, RecordingQP(), 0x42, 77, None
+    conn.credits = verbs.SendCredits(4, 2)
     remote = ConnParams(qp_num=0x456, psn=99, lid=9, gid="fe80:0000:0000:0000:0202:c9ff:fe00:0002", mtu=1024,
                         addr=1 << 40, rkey=33, length=1 << 20)
     conn.connect(remote)
     attr = conn.qp.attr
     assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn, attr.path_mtu) == (0x456, 99, 77, verbs.mtu_enum(1024))
     assert attr.ah_attr.is_global == 1 and attr.ah_attr.dgid == remote.gid and attr.ah_attr.sgid_index == 3
-    assert conn.write_imm(0, 4096, 8192, immediate.encode(3, 17)) is False
+    assert conn.local_params(region).rkey == 22 and conn.local_params(region).addr == memory.address
+    assert conn.write_imm(region, 0, 4096, remote, 8192, immediate.encode(3, 17)) is False
     wr = conn.qp.wr
     assert wr.opcode == pv.enums.IBV_WR_RDMA_WRITE_WITH_IMM and wr.num_sge == 1
     assert immediate.from_wire(wr.imm_data) == immediate.encode(3, 17)
-    assert conn.write_imm(4096, 4096, 0, immediate.encode(3, 18)) is True
+    assert conn.write_imm(region, 4096, 4096, remote, 0, immediate.encode(3, 18)) is True
     assert conn.qp.wr.send_flags == pv.enums.IBV_SEND_SIGNALED
     with pytest.raises(ValueError, match="outside the peer's"):
-        conn.write_imm(0, 4096, (1 << 20) - 4, 0)
+        conn.write_imm(region, 0, 4096, remote, (1 << 20) - 4, 0)
 
 
 def test_rc_write_with_immediate_on_a_real_device():
@@ -208,23 +207,39 @@ def test_rc_write_with_immediate_on_a_real_device():
     report = verbs.probe()
     if not report["usable"]:
         pytest.skip(f"needs an RDMA device: {report['reason']}")
-    device, port = report["usable"][0].rsplit(":", 1)
-    memory = verbs.Memory(4 * 4096)
-    nic = verbs.Nic(device, memory, port=int(port), cq_depth=64)
+    nic = verbs.open_nic(report["usable"][0])
     try:
-        a, b = verbs.RcConnection(nic, sq_depth=8, rq_depth=8, signal_every=1), verbs.RcConnection(nic)
-        a.connect(b.local_params())
-        b.connect(a.local_params())
+        region = nic.register(verbs.Memory(4 * 4096))
+        a, b = nic.connection(sq_depth=8, rq_depth=8, signal_every=1), nic.connection()
+        a.connect(b.local_params(region))
+        b.connect(a.local_params(region))
         b.post_receives(4)
-        memory.floats(0, 1024)[:] = np.arange(1024, dtype=np.float32)
+        region.memory.floats(0, 1024)[:] = np.arange(1024, dtype=np.float32)
         imm = immediate.encode(5, 123)
-        assert a.write_imm(0, 4096, 8192, imm) is True
+        assert a.write_imm(region, 0, 4096, b.local_params(region), 8192, imm) is True
         done, deadline = [], time.monotonic() + 10
         while len(done) < 2 and time.monotonic() < deadline:
-            done += verbs.poll(nic.cq)
-        received = [c for c in done if c.imm is not None]
+            done += nic.poll()
+        received = [c for c in done if c.received]
         assert len(done) == 2 and len(received) == 1, done
-        assert received[0].imm == imm and received[0].byte_len == 4096 and received[0].qp_num == b.qp.qp_num
-        np.testing.assert_array_equal(memory.floats(8192, 1024), np.arange(1024, dtype=np.float32))
+        assert received[0].imm == imm and received[0].byte_len == 4096 and received[0].qp_num == b.qp_num
+        np.testing.assert_array_equal(region.memory.floats(8192, 1024), np.arange(1024, dtype=np.float32))
     finally:
         nic.close()
+
+
+def test_nag_over_a_real_device_matches_closed_form(run_exchange):
+    """The whole data path on real queue pairs: what test_verbs_soft.py runs over the software provider."""
+    real_pyverbs()
+    report = verbs.probe()
+    if not report["usable"]:
+        pytest.skip(f"needs an RDMA device: {report['reason']}")
+    from test_exchange import SIZES, STEPS, assert_close, nag_oracle
+
+    opt = phub.NAG(learning_rate=0.1, momentum=0.9, wd=1e-2, rescale_grad=1.0 / 2)
+    results = run_exchange(2, SIZES, STEPS, opt, cores=2, transport="verbs")
+    for rank, saved in enumerate(results):
+        assert str(saved["transport"]) == "verbs"
+        for i, shape in enumerate(SIZES):
+            want = nag_oracle(2, i, int(np.prod(shape)), STEPS, 0.1, 0.9, 1e-2, 1.0 / 2)
+            assert_close(saved[f"final{i}"].reshape(-1), want, f"rank {rank} array {i}")

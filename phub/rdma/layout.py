@@ -28,7 +28,7 @@ connection, see `phub.rdma.connect`) + `slot(chunk, rank).offset`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..chunking import ITEMSIZE, Chunk, ChunkPlan
 from ..errors import ConfigError
@@ -169,6 +169,16 @@ class CoreRegistration:
         chunk, blocks, at, interface = self._locate(chunk_id)
         return Span(interface, blocks.results + at * ITEMSIZE, chunk.nbytes)
 
+    def batch_blocks(self, interface: int, batch: int) -> Optional[BatchBlocks]:
+        """Batch `batch`'s blocks in NIC `interface`'s region (None: none of its chunks go there)."""
+        return next((b for b in self.blocks.get(interface, ()) if b.batch == batch), None)
+
+    def in_batch_region(self, span: Span, chunk_id: int) -> int:
+        """`span`'s offset from the start of its batch's blocks: its address in a region
+        registered per batch (how the data path registers, as batches arrive one by one)."""
+        blocks, _ = self._where[chunk_id]
+        return span.offset - blocks.slots
+
     def regions(self) -> List[Tuple[int, int]]:
         """(interface, bytes) of each memory region to register: one PD and one MR per NIC."""
         return [(interface, self.length[interface]) for interface in self.interfaces]
@@ -194,28 +204,33 @@ def remote_slots(plan: ChunkPlan, num_workers: int) -> Dict[Tuple[int, int], Cor
 
 
 class WorkerRegistration:
-    """A worker's one registered region: results block, then gradients block, both page-aligned.
+    """A worker's registered region: results block, then gradients block, both page-aligned.
 
-    Chunk c's values sit at the same position in both blocks: the sum of the sizes of the chunks
-    before it, i.e. where they sit in the concatenation of the registered arrays.
+    It covers the plan's chunks, or with `batch` only that batch's (one region per batch, as the
+    data path registers them). A chunk's values sit at the same position in both blocks: the sum
+    of the sizes of the covered chunks before it, i.e. where they sit in the concatenation of the
+    registered arrays.
     """
 
-    def __init__(self, plan: ChunkPlan):
+    def __init__(self, plan: ChunkPlan, batch: Optional[int] = None):
         immediate.check_job(1, len(plan.chunks), plan.chunk_bytes)
         self.plan = plan
-        self.position: List[int] = []  # element offset of each chunk
+        self.position: Dict[int, int] = {}  # element offset of each covered chunk
         at = 0
         for chunk in plan.chunks:
-            self.position.append(at)
-            at += chunk.size
+            if batch is None or chunk.batch == batch:
+                self.position[chunk.id] = at
+                at += chunk.size
+        if not at:
+            raise ConfigError(f"batch {batch!r} has no chunks in the plan")
         self.elements = at
         self.results = 0
         self.gradients = _page_up(at * ITEMSIZE)
         self.length = self.gradients + _page_up(at * ITEMSIZE)
 
     def _chunk(self, chunk_id: int) -> Chunk:
-        if not isinstance(chunk_id, int) or not 0 <= chunk_id < len(self.position):
-            raise ConfigError(f"chunk {chunk_id!r} is not in the plan's {len(self.position)} chunks")
+        if chunk_id not in self.position:
+            raise ConfigError(f"chunk {chunk_id!r} is not among this region's {len(self.position)} chunks")
         return self.plan.chunks[chunk_id]
 
     def result(self, chunk_id: int) -> Tuple[int, int]:

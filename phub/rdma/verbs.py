@@ -1,41 +1,38 @@
-"""A thin layer over pyverbs (rdma-core's Python bindings): the only code that touches a device.
+"""The "verbs" provider of `phub.rdma.fabric`: pyverbs (rdma-core's Python bindings), the only
+code that touches a device.
 
 Nothing here runs at import time: pyverbs is imported by `load()`, on first use, so `phub` works
 on machines without it. What it offers, in the order a connection needs it:
 
 - `probe()`: the RDMA devices and ports this machine has, or a sentence saying why none can be
   used (what `phub doctor` prints and what choosing the verbs transport fails with).
-- `Memory`: page-aligned memory for one region of a registration plan (`phub.rdma.layout`),
-  with float32 views for the aggregation code.
-- `Nic`: one (core, NIC) registration: device context, protection domain, one memory region over
-  a `Memory`, and one completion queue that the owning core polls.
+- `open_nic(device)` -> `Nic`: device context, protection domain, one completion queue that the
+  owning loop polls (`Nic.poll`: completions as `fabric.Completion`s; a failed work request
+  raises JobFailed), and `Nic.register(memory)` (one memory region).
 - `RcConnection`: one RC queue pair on a `Nic`: its `ConnParams`, the INIT -> RTR -> RTS
   transitions from the peer's parameters, receive requests (a write-with-immediate consumes
-  one), and `write_imm` (RDMA write-with-immediate into the peer's region).
-- `SendCredits`: unsignaled sends with a periodic signaled one, and the send-queue accounting
-  that makes them safe (no device needed; unit-tested).
-- `poll()`: completions as plain `Completion`s; a failed work request raises JobFailed.
+  one), and `write_imm` (RDMA write-with-immediate into the peer's region), unsignaled but for
+  every `signal_every`-th (`fabric.SendCredits`).
 
 Every call that can fail on a device raises pyverbs' own exception, except where noted. This
-module is exercised on real hardware only (the tests skip without a usable device).
+module runs on real hardware only (its device test skips without one); the same operations in
+software (`phub.rdma.soft`) run the data path in the tests.
 """
 from __future__ import annotations
 
-import ctypes
 import glob
-import mmap
 import os
 import random
 import sys
 import types
-from dataclasses import dataclass
 from typing import List, Optional
-
-import numpy as np
 
 from ..errors import ConfigError, JobFailed
 from .connect import ZERO_GID, ConnParams, path_mtu
+from .fabric import Completion, Memory, Region, SendCredits, check_write
 from .immediate import from_wire, to_wire
+
+__all__ = ["VerbsUnavailable", "probe", "open_nic", "Nic", "RcConnection", "Memory", "Region", "SendCredits", "Completion"]
 
 _MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "enums", "pyverbs_error")
 _loaded: Optional[types.SimpleNamespace] = None
@@ -150,136 +147,75 @@ def probe() -> dict:
     return report
 
 
-class Memory:
-    """Zeroed, page-aligned anonymous memory: one region of a registration plan.
-
-    The bytes stay at one address for the object's life (registration pins them there).
-    """
-
-    def __init__(self, length: int):
-        if not isinstance(length, int) or length < 1:
-            raise ConfigError(f"a registered region needs at least one byte, got {length!r}")
-        self.length = length
-        self._map = mmap.mmap(-1, length)  # anonymous mappings start on a page boundary
-        self._anchor = ctypes.c_char.from_buffer(self._map)  # keeps the mapping exported, so it stays put
-        self.address = ctypes.addressof(self._anchor)
-
-    def floats(self, offset: int, count: int) -> np.ndarray:
-        """A float32 view of `count` values at byte `offset` (ValueError if out of range)."""
-        if offset < 0 or offset % 4 or offset + 4 * count > self.length:
-            raise ValueError(f"[{offset}, +{4 * count}) is not a float32 span of this {self.length}-byte region")
-        return np.frombuffer(self._map, dtype=np.float32, count=count, offset=offset)
-
-    def close(self) -> None:
-        """Release the memory; only after every MR over it is closed and every view dropped
-        (BufferError names a view still alive)."""
-        if self._map.closed:
-            return
-        del self._anchor
-        self._map.close()
-
-
-class SendCredits:
-    """Unsignaled sends with a periodic signaled one, on a send queue of `depth` entries.
-
-    An unsignaled work request produces no completion, so its send-queue entry is known free only
-    when a later signaled one completes (an RC send queue completes in order). Every
-    `signal_every`-th request is signaled, and so is any request that fills the queue, so a full
-    queue always ends in a completion that frees it. Requests are numbered 1, 2, ...; the number
-    is the work request id.
-    """
-
-    def __init__(self, depth: int, signal_every: int):
-        if not isinstance(depth, int) or depth < 1:
-            raise ConfigError(f"send queue depth must be a positive integer, got {depth!r}")
-        if not isinstance(signal_every, int) or not 1 <= signal_every <= depth:
-            raise ConfigError(f"signal_every must be in [1, depth={depth}], got {signal_every!r}")
-        self.depth = depth
-        self.signal_every = signal_every
-        self.posted = 0  # requests posted so far
-        self.retired = 0  # requests known complete
-
-    @property
-    def free(self) -> int:
-        return self.depth - (self.posted - self.retired)
-
-    def take(self) -> "tuple[int, bool]":
-        """(work request id, signaled?) for the next request. RuntimeError if the queue is full:
-        the caller must poll its completion queue first."""
-        if self.free == 0:
-            raise RuntimeError(f"send queue full ({self.depth} requests in flight): poll completions first")
-        self.posted += 1
-        signaled = self.posted % self.signal_every == 0 or self.free == 0
-        return self.posted, signaled
-
-    def completed(self, wr_id: int) -> None:
-        """A signaled request completed: it and every request before it are retired."""
-        if not self.retired < wr_id <= self.posted:
-            raise ValueError(f"completion for request {wr_id}, but requests {self.retired + 1}..{self.posted} are in flight")
-        self.retired = wr_id
-
-
-@dataclass(frozen=True)
-class Completion:
-    wr_id: int
-    opcode: int
-    qp_num: int
-    byte_len: int
-    imm: Optional[int]  # host order; None if the completion carries no immediate
-
-
-def poll(cq, max_entries: int = 64) -> List[Completion]:
-    """The completions waiting on `cq` (none: an empty list; never blocks).
-
-    Raises JobFailed naming the queue pair and the status if a work request failed.
-    """
-    pv = load()
-    e = pv.enums
-    _, wcs = cq.poll(max_entries)
-    out = []
-    for wc in wcs:
-        if wc.status != e.IBV_WC_SUCCESS:
-            raise JobFailed(f"RDMA work request {wc.wr_id} on queue pair {wc.qp_num} failed with status "
-                            f"{wc.status} (vendor error {wc.vendor_err})")
-        imm = from_wire(wc.imm_data) if wc.wc_flags & e.IBV_WC_WITH_IMM else None
-        out.append(Completion(wc.wr_id, wc.opcode, wc.qp_num, wc.byte_len, imm))
-    return out
+def open_nic(device: Optional[str] = None) -> "Nic":
+    """The provider entry point (`phub.rdma.fabric.open_nic`): a `Nic` on "NAME[:PORT]", or on the
+    first usable port. ConfigError with the probe's sentence if there is none."""
+    if device is None:
+        report = probe()
+        if not report["usable"]:
+            raise ConfigError(f"no usable RDMA port: {report['reason']}")
+        device = report["usable"][0]
+    name, _, port = device.partition(":")
+    try:
+        port_number = int(port or 1)
+    except ValueError:
+        raise ConfigError(f"RDMA device {device!r}: expected NAME or NAME:PORT") from None
+    return Nic(name, port=port_number)
 
 
 class Nic:
-    """One (core, NIC) registration: context, PD, one MR over `memory`, one CQ; port `port`."""
+    """One device port: context, protection domain, one completion queue the owning loop polls."""
 
-    def __init__(self, device: str, memory: Memory, *, port: int = 1, gid_index: int = 0, cq_depth: int = 4096):
+    nap = 0.0  # PHub's cores poll without sleeping
+
+    def __init__(self, device: str, *, port: int = 1, gid_index: int = 0, cq_depth: int = 8192):
         pv = self.pv = load()
         e = pv.enums
-        self.memory = memory
         self.port = port
         self.gid_index = gid_index
         self.context = pv.device.Context(name=device)
         self.pd = pv.pd.PD(self.context)
-        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-        self.mr = pv.mr.MR(self.pd, memory.length, access, address=memory.address)
         self.cq = pv.cq.CQ(self.context, cq_depth, None, None, 0)
         attr = self.context.query_port(port)
         self.lid = int(attr.lid)
         self.mtu = mtu_bytes(attr.active_mtu)
-        gid = self.context.query_gid(port, gid_index).gid.lower() if attr.gid_tbl_len else ZERO_GID
-        self.gid = gid
+        self.gid = self.context.query_gid(port, gid_index).gid.lower() if attr.gid_tbl_len else ZERO_GID
+        self._access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        self.scratch = self.register(Memory(4096))  # the (empty) scatter entry of receive requests
 
-    def params(self, qp_num: int, psn: int) -> ConnParams:
-        """What a peer needs to reach a queue pair of this NIC and write into this region."""
-        return ConnParams(qp_num=qp_num, psn=psn, lid=self.lid, gid=self.gid, mtu=self.mtu,
-                          addr=self.memory.address, rkey=self.mr.rkey, length=self.memory.length)
+    def register(self, memory: Memory) -> Region:
+        """Register `memory` once for local use and remote writes."""
+        mr = self.pv.mr.MR(self.pd, memory.length, self._access, address=memory.address)
+        return Region(memory, mr.rkey, mr.lkey, mr)
+
+    def connection(self, **options) -> "RcConnection":
+        return RcConnection(self, **options)
+
+    def poll(self, max_entries: int = 64) -> List[Completion]:
+        """The completions waiting (none: an empty list; never blocks).
+
+        Raises JobFailed naming the queue pair and the status if a work request failed.
+        """
+        e = self.pv.enums
+        _, wcs = self.cq.poll(max_entries)
+        out = []
+        for wc in wcs:
+            if wc.status != e.IBV_WC_SUCCESS:
+                raise JobFailed(f"RDMA work request {wc.wr_id} on queue pair {wc.qp_num} failed with status "
+                                f"{wc.status} (vendor error {wc.vendor_err})")
+            imm = from_wire(wc.imm_data) if wc.wc_flags & e.IBV_WC_WITH_IMM else None
+            out.append(Completion(wc.wr_id, wc.opcode, wc.qp_num, wc.byte_len, imm))
+        return out
 
     def close(self) -> None:
-        """Destroy the device objects (queue pairs first, as pyverbs tracks them), then the context."""
+        """Destroy the device objects (pyverbs closes what the context owns), then the context."""
         self.context.close()
 
 
 class RcConnection:
     """One RC queue pair on `nic`, sending through `credits`."""
 
-    def __init__(self, nic: Nic, *, sq_depth: int = 256, rq_depth: int = 1024, signal_every: int = 64):
+    def __init__(self, nic: Nic, *, sq_depth: int = 256, rq_depth: int = 2048, signal_every: int = 64):
         pv, e = nic.pv, nic.pv.enums
         self.nic = nic
         self.credits = SendCredits(sq_depth, signal_every)
@@ -288,18 +224,22 @@ class RcConnection:
         attr = pv.qp.QPAttr(port_num=nic.port)
         attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
         self.qp = pv.qp.QP(nic.pd, init, attr)  # created and moved to INIT
+        self.qp_num = self.qp.qp_num
         self.psn = random.getrandbits(24)
         self.remote: Optional[ConnParams] = None
 
-    def local_params(self) -> ConnParams:
-        return self.nic.params(self.qp.qp_num, self.psn)
+    def local_params(self, region: Region) -> ConnParams:
+        """What the peer needs to reach this queue pair and write into `region`."""
+        nic = self.nic
+        return ConnParams(qp_num=self.qp_num, psn=self.psn, lid=nic.lid, gid=nic.gid, mtu=nic.mtu,
+                          addr=region.addr, rkey=region.rkey, length=region.length)
 
     def connect(self, remote: ConnParams) -> None:
         """INIT -> RTR -> RTS towards the peer described by `remote` (from the handshake)."""
         pv, e, nic = self.nic.pv, self.nic.pv.enums, self.nic
         attr = pv.qp.QPAttr(port_num=nic.port)
         attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
-        attr.path_mtu = mtu_enum(path_mtu(self.local_params(), remote))
+        attr.path_mtu = mtu_enum(path_mtu(self.local_params(nic.scratch), remote))
         attr.dest_qp_num = remote.qp_num
         attr.rq_psn = remote.psn
         attr.sq_psn = self.psn
@@ -324,33 +264,22 @@ class RcConnection:
         Their single scatter entry is empty: the written bytes go where the writer said, never
         into a receive buffer (pyverbs wants at least one entry; a zero-length one is ignored).
         """
-        pv = self.nic.pv
-        sge = pv.wr.SGE(self.nic.memory.address, 0, self.nic.mr.lkey)
+        pv, scratch = self.nic.pv, self.nic.scratch
+        sge = pv.wr.SGE(scratch.addr, 0, scratch.lkey)
         for _ in range(count):
             self.qp.post_recv(pv.wr.RecvWR(wr_id=0, num_sge=1, sg=[sge]))
 
-    def write_imm(self, local_offset: int, nbytes: int, remote_offset: int, imm: int) -> bool:
-        """Write `nbytes` at `local_offset` of this NIC's region to `remote_offset` of the peer's.
-
-        `imm` is the host-order immediate (`phub.rdma.immediate.encode`). Returns whether the
-        request was signaled; RuntimeError if the send queue is full (poll, then `retire`).
-        """
-        remote = self.remote
-        if remote is None:
-            raise RuntimeError("write_imm before connect()")
-        if local_offset < 0 or local_offset + nbytes > self.nic.memory.length:
-            raise ValueError(f"local span [{local_offset}, +{nbytes}) is outside the registered region")
-        if remote_offset < 0 or remote_offset + nbytes > remote.length:
-            raise ValueError(f"remote span [{remote_offset}, +{nbytes}) is outside the peer's {remote.length}-byte region")
+    def write_imm(self, region: Region, local_offset: int, nbytes: int, target: ConnParams,
+                  remote_offset: int, imm: int) -> bool:
+        """Write `nbytes` at `local_offset` of `region` to `remote_offset` of the peer's region
+        `target` (its ConnParams). `imm` is the host-order immediate. Returns whether the request
+        was signaled; RuntimeError if the send queue is full (see `fabric.Writer`)."""
+        check_write(self.remote, region, local_offset, nbytes, target, remote_offset)
         pv, e = self.nic.pv, self.nic.pv.enums
         wr_id, signaled = self.credits.take()
-        sge = pv.wr.SGE(self.nic.memory.address + local_offset, nbytes, self.nic.mr.lkey)
+        sge = pv.wr.SGE(region.addr + local_offset, nbytes, region.lkey)
         wr = pv.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge],
                           imm_data=to_wire(imm), send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
-        wr.set_wr_rdma(remote.rkey, remote.addr + remote_offset)
+        wr.set_wr_rdma(target.rkey, target.addr + remote_offset)
         self.qp.post_send(wr)
         return signaled
-
-    def retire(self, completion: Completion) -> None:
-        """Account for a completion of one of this queue pair's signaled writes."""
-        self.credits.completed(completion.wr_id)

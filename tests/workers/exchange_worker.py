@@ -1,7 +1,8 @@
 """A test worker: registers known arrays, pushes known gradients for K steps, saves what it got.
 
 Parameters come as JSON in PHUB_TEST: sizes (list of shapes), steps, optimizer (dict or null for
-the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes) and
+the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes),
+split_init (register the first array in one init call and the rest in a second: two batches) and
 slow: {"rank": R, "seconds": S} (rank R computes for S seconds before each push: a straggler).
 Rank r's gradient for array a at step s is (r + 1) * s * pattern(a): exact sums in float32.
 """
@@ -33,10 +34,15 @@ def main():
     rng = np.random.default_rng(rank)
     weights = [initial(int(np.prod(s)), i).reshape(s) if rank == 0 else
                rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)]
-    kv.init(keys, weights)
+    if params.get("split_init"):
+        kv.init(keys[:1], weights[:1])
+        kv.init(keys[1:], weights[1:])
+    else:
+        kv.init(keys, weights)
     if params.get("optimizer"):
         kv.set_optimizer(optimizer_from_dict(params["optimizer"]))
     saved = {f"init{i}": w.copy() for i, w in enumerate(weights)}
+    saved["transport"] = np.array(kv.transport)
     slow = params.get("slow") or {}
     for step in range(1, params["steps"] + 1):
         if slow.get("rank") == rank:

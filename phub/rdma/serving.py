@@ -1,0 +1,153 @@
+"""The server core's side of the verbs data path, for one job (what `core.Core` calls).
+
+The TCP connection of each (lane, worker) stays: it carries the handshake and every control
+frame. What moves to RDMA is the data:
+
+    HELLO    {"rdma": worker QP}         -> a queue pair on the lane's NIC, connected to it;
+    WELCOME  {"rdma": server QP}            the worker connects its side (`hello`)
+    REGISTER {"rdma": worker region}     -> kept per (lane, worker, batch) (`registered`): where the
+                                            worker wants this batch's results written
+    (the batch's buffers)                -> one registered region per (NIC, batch), laid out by
+                                            `layout.CoreRegistration`; the aggregation state's
+                                            weights, slots and results live in it (`buffers`)
+    READY    {"rdma": server region}     <- per worker (`ready_params`): where its slots are
+    push                                 <- a write-with-immediate into the worker's slot; `poll`
+                                            turns its completion into the PUSH header the state
+                                            machine takes (`immediate.push_header`)
+    result                               -> a write-with-immediate of the chunk's new weights (or
+                                            aggregate) into every worker's results (`send_result`)
+
+One NIC (protection domain, completion queue) per interface this core serves; its queue pairs and
+regions all belong to it. Methods raise ProtocolError for what a worker got wrong and JobFailed
+for a failed work request: the core fails the job for either.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from .. import wire
+from ..errors import ProtocolError
+from . import connect, immediate
+from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
+from .layout import CoreRegistration, WorkerRegistration
+
+
+class CoreVerbs:
+    """One job's verbs data path on one server core. `state` is the job's `aggregation.JobState`;
+    `devices` maps interface index -> device name (missing: the provider's first usable port)."""
+
+    def __init__(self, transport: str, state, devices: Optional[Dict[int, str]] = None):
+        self.transport = transport
+        self.state = state
+        self.devices = devices or {}
+        self.nics: Dict[int, object] = {}
+        self.registration: Optional[CoreRegistration] = None
+        self.regions: Dict[Tuple[int, int], Region] = {}  # (interface, batch) -> this core's region
+        self.peers: Dict[Tuple[int, int], tuple] = {}  # (lane, local) -> (writer, rank, interface)
+        self.by_qp: Dict[int, Dict[int, Tuple[int, int]]] = {}  # interface -> qp_num -> (lane, local)
+        self.writers: Dict[int, Dict[int, Writer]] = {}  # interface -> qp_num -> writer
+        self.targets: Dict[Tuple[int, int, int], connect.ConnParams] = {}  # (lane, local, batch) -> region
+        self.worker_layouts: Dict[int, WorkerRegistration] = {}
+        state.buffers = self.buffers
+
+    @property
+    def nap(self) -> float:
+        return min((nic.nap for nic in self.nics.values()), default=1.0)
+
+    def _nic(self, interface: int):
+        if interface not in self.nics:
+            self.nics[interface] = open_nic(self.transport, self.devices.get(interface))
+            self.by_qp[interface], self.writers[interface] = {}, {}
+        return self.nics[interface]
+
+    # -- handshake ------------------------------------------------------------------------------
+    def hello(self, interface: int, lane: int, local: int, rank: int, body: dict) -> dict:
+        """A worker's lane HELLO: make and connect its queue pair; return the WELCOME's rdma field."""
+        remote = connect.extract(body, f"rank {rank}")
+        nic = self._nic(interface)
+        conn = nic.connection()
+        conn.connect(remote)
+        conn.post_receives(RECEIVE_DEPTH)
+        writer = Writer(conn)
+        self.peers[(lane, local)] = (writer, rank, interface)
+        self.by_qp[interface][conn.qp_num] = (lane, local)
+        self.writers[interface][conn.qp_num] = writer
+        return conn.local_params(nic.scratch).to_json()
+
+    def registered(self, lane: int, local: int, batch: int, body: dict) -> None:
+        """A REGISTER's region (after the state machine laid out the batch): checked to cover it."""
+        writer, rank, _ = self.peers[(lane, local)]
+        target = connect.extract(body, f"rank {rank}")
+        if target.qp_num != writer.conn.remote.qp_num:
+            raise ProtocolError(f"rank {rank} registered batch {batch} for queue pair {target.qp_num}, "
+                                f"its lane {lane} connected queue pair {writer.conn.remote.qp_num}")
+        target.check_covers(self._worker_layout(batch).length, f"rank {rank}")
+        self.targets[(lane, local, batch)] = target
+
+    def _worker_layout(self, batch: int) -> WorkerRegistration:
+        """Where a worker keeps batch `batch`'s results (every worker computes the same)."""
+        if batch not in self.worker_layouts:
+            self.worker_layouts[batch] = WorkerRegistration(self.state.plan, batch)
+        return self.worker_layouts[batch]
+
+    def ready_params(self, lane: int, local: int, batch: int) -> dict:
+        """The READY's rdma field for one worker: this core's region of the lane's NIC and batch."""
+        writer, _, interface = self.peers[(lane, local)]
+        region = self.regions.get((interface, batch), self.nics[interface].scratch)  # scratch: no chunks here
+        return writer.conn.local_params(region).to_json()
+
+    # -- buffers --------------------------------------------------------------------------------
+    def buffers(self, chunks) -> list:
+        """The `JobState.buffers` hook: one batch's owned chunks, laid out in registered memory."""
+        state = self.state
+        if self.registration is None:
+            self.registration = CoreRegistration.for_job_state(state)
+        else:
+            self.registration.extend()
+        batch = chunks[0].batch if chunks else len(state.plan.batches) - 1
+        groups = []
+        for interface in self.registration.interfaces:
+            blocks = self.registration.batch_blocks(interface, batch)
+            if blocks is None:
+                continue
+            memory = Memory(blocks.end - blocks.slots)
+            self.regions[(interface, batch)] = self._nic(interface).register(memory)
+            n, base = blocks.elements, blocks.slots
+            slots = memory.floats(0, state.num_workers * n).reshape(state.num_workers, n)
+            groups.append(([state.plan.chunks[c] for c in blocks.chunk_ids], memory.floats(blocks.weights - base, n),
+                           slots, memory.floats(blocks.results - base, n)))
+        return groups
+
+    # -- data -----------------------------------------------------------------------------------
+    def send_result(self, chunk_state) -> None:
+        """Write a chunk's result (its weights, or in aggregation mode its aggregate) to every
+        worker of its lane; the immediate names the worker and the chunk."""
+        reg, chunk = self.registration, chunk_state.chunk
+        source = reg.weights(chunk.id) if chunk_state.result_view is chunk_state.weight_view else reg.result(chunk.id)
+        region = self.regions[(source.interface, chunk.batch)]
+        offset = reg.in_batch_region(source, chunk.id)
+        layout = self._worker_layout(chunk.batch)
+        for local in range(self.state.num_workers):
+            writer, rank, _ = self.peers[(chunk.lane, local)]
+            target = self.targets[(chunk.lane, local, chunk.batch)]
+            remote_offset, nbytes = layout.result(chunk.id)
+            writer.write(region, offset, nbytes, target, remote_offset, immediate.encode(rank, chunk.id))
+
+    def poll(self) -> List[Tuple[int, int, wire.Header]]:
+        """The pushes that landed since the last poll: (local rank, lane, PUSH header), checked
+        as a TCP push is (ProtocolError names the worker); never blocks."""
+        pushes = []
+        for interface, nic in self.nics.items():
+            by_qp = self.by_qp[interface]
+            for completion in drain(nic, self.writers[interface]):
+                lane, local = by_qp[completion.qp_num]
+                rank = self.peers[(lane, local)][1]
+                header = immediate.push_header(completion.imm, completion.byte_len, lane=lane, rank=rank,
+                                               local=local, state=self.state)
+                pushes.append((local, lane, header))
+        return pushes
+
+    def close(self) -> None:
+        for nic in self.nics.values():
+            nic.close()
+        self.nics.clear()

@@ -1,0 +1,124 @@
+"""The worker's side of the verbs data path (what `client.Client` calls when the server runs it).
+
+A worker opens one NIC, and one queue pair per lane, connected in the lane's HELLO/WELCOME. Per
+registered batch it registers one region (`layout.WorkerRegistration`: results, then gradients)
+and tells every lane where it is (REGISTER's "rdma" field); each lane's READY says where the
+owning core's region for that batch is. Then a push is: copy the chunk's gradient into the
+gradients block, write it with an immediate straight into this worker's slot on the owning core
+(its address computed by `layout.CoreRegistration`, exactly as the core laid it out). The core
+writes the result back into the results block; `poll` reports the chunks that landed and the
+client copies them out to the caller's array. All calls are made on the client's I/O thread,
+except the handshake ones (before it starts).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+from ..chunking import ChunkPlan
+from ..errors import ProtocolError
+from . import connect, immediate
+from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
+from .layout import CoreRegistration, WorkerRegistration, core_lanes
+
+
+ENV_RDMA_DEVICE = "PHUB_RDMA_DEVICE"  # NAME[:PORT] of the worker's RDMA port (default: the first usable)
+
+
+class WorkerVerbs:
+    """`rows[s]` is this worker's slot row on server s (its rank minus the server's first rank)
+    and `workers_here[s]` how many workers that server serves."""
+
+    def __init__(self, transport: str, plan: ChunkPlan, rank: int, rows: List[int], workers_here: List[int],
+                 device: Optional[str] = None):
+        self.nic = open_nic(transport, device)
+        self.plan, self.rank, self.rows, self.workers_here = plan, rank, rows, workers_here
+        self.writers: Dict[int, Writer] = {}  # qp_num -> writer
+        self.lane_writer: Dict[int, Writer] = {}
+        self.owners: Dict[Tuple[int, int], CoreRegistration] = {}  # (server, core) -> its layout
+        self.regions: Dict[int, Region] = {}  # batch -> this worker's region
+        self.layouts: Dict[int, WorkerRegistration] = {}
+        self.targets: Dict[Tuple[int, int], connect.ConnParams] = {}  # (lane, batch) -> core's region
+
+    @classmethod
+    def for_servers(cls, transport: str, plan: ChunkPlan, rank: int, welcomes: List[dict]) -> "WorkerVerbs":
+        """From the servers' discovery WELCOMEs; the port is PHUB_RDMA_DEVICE's, or the first usable."""
+        return cls(transport, plan, rank, [rank - w["first_rank"] for w in welcomes],
+                   [w["workers_here"] for w in welcomes], os.environ.get(ENV_RDMA_DEVICE))
+
+    @property
+    def nap(self) -> float:
+        return self.nic.nap
+
+    # -- handshake (before the I/O thread runs) ----------------------------------------------
+    def hello_params(self, lane: int) -> dict:
+        """The lane HELLO's rdma field: a fresh queue pair, with receives posted for results."""
+        conn = self.nic.connection()
+        conn.post_receives(RECEIVE_DEPTH)
+        self.lane_writer[lane] = self.writers[conn.qp_num] = Writer(conn)
+        return conn.local_params(self.nic.scratch).to_json()
+
+    def welcomed(self, lane: int, welcome: dict) -> None:
+        self.lane_writer[lane].conn.connect(connect.extract(welcome, "the server"))
+
+    def register_batch(self, batch: int) -> List[dict]:
+        """Register batch `batch`'s region (after the plan has it); the REGISTER rdma field per lane."""
+        layout = self.layouts[batch] = WorkerRegistration(self.plan, batch)
+        region = self.regions[batch] = self.nic.register(Memory(layout.length))
+        for (server, core), lanes in core_lanes(self.plan).items():
+            if (server, core) in self.owners:
+                self.owners[(server, core)].extend()
+            else:
+                self.owners[(server, core)] = CoreRegistration(self.plan, lanes, self.workers_here[server])
+        return [self.lane_writer[lane].conn.local_params(region).to_json() for lane in sorted(self.lane_writer)]
+
+    def ready(self, lane: int, batch: int, body: dict) -> None:
+        """A lane's READY for `batch`: where the owning core's region for the batch is."""
+        target = connect.extract(body, "the server")
+        topology = self.plan.topology
+        owner = self.owners[(topology.lane_server(lane), topology.lane_core(lane))]
+        blocks = owner.batch_blocks(topology.lane_interface(lane), batch)
+        if blocks is not None:
+            target.check_covers(blocks.end - blocks.slots, "the server")
+        self.targets[(lane, batch)] = target
+
+    # -- data (I/O thread) ---------------------------------------------------------------------
+    def send(self, chunk_id: int, data: memoryview) -> None:
+        """Push one chunk: copy `data` (its gradient) into the region, write it into our slot."""
+        chunk = self.plan.chunks[chunk_id]
+        region, layout = self.regions[chunk.batch], self.layouts[chunk.batch]
+        offset, nbytes = layout.gradient(chunk_id)
+        region.memory.bytes(offset, nbytes)[:] = data
+        topology = self.plan.topology
+        server = topology.lane_server(chunk.lane)
+        owner = self.owners[(server, topology.lane_core(chunk.lane))]
+        remote_offset = owner.in_batch_region(owner.slot(chunk_id, self.rows[server]), chunk_id)
+        self.lane_writer[chunk.lane].write(region, offset, nbytes, self.targets[(chunk.lane, chunk.batch)],
+                                           remote_offset, immediate.encode(self.rank, chunk_id))
+
+    def poll(self) -> List[int]:
+        """Chunk ids whose results landed since the last poll (ProtocolError if one is not ours)."""
+        landed = []
+        for completion in drain(self.nic, self.writers):
+            rank, chunk_id = immediate.decode(completion.imm)
+            if rank != self.rank or chunk_id >= len(self.plan.chunks) \
+                    or completion.byte_len != self.plan.chunks[chunk_id].nbytes:
+                raise ProtocolError(f"the server wrote {completion.byte_len} bytes for rank {rank}, chunk "
+                                    f"{chunk_id} into rank {self.rank}'s results")
+            landed.append(chunk_id)
+        return landed
+
+    def deliver(self, expect: dict) -> None:
+        """Copy each landed result to where the client awaits it (`expect`: chunk id ->
+        (destination bytes, iteration, handle)) and count it in; ProtocolError for one not awaited."""
+        for chunk_id in self.poll():
+            awaited = expect.pop(chunk_id, None)
+            if awaited is None:
+                raise ProtocolError(f"the server wrote a result for chunk {chunk_id}, which is not awaited")
+            batch = self.plan.chunks[chunk_id].batch
+            offset, nbytes = self.layouts[batch].result(chunk_id)
+            awaited[0][:] = self.regions[batch].memory.bytes(offset, nbytes)
+            awaited[2]._arrived()
+
+    def close(self) -> None:
+        self.nic.close()
