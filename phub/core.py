@@ -66,8 +66,10 @@ class Core(RackLinks):
                     self._lost(link, str(exc), exc.midframe)
                 except ProtocolError as exc:
                     self._bad_peer(link, str(exc))
-                except JobFailed as exc:  # an RDMA write this frame caused could not be made
-                    self._fail(self.peers[link].job, f"RDMA data path: {exc}")
+                except JobFailed as exc:  # the RDMA work this frame asked for could not be done
+                    peer = self.peers.get(link)
+                    if peer is not None and peer.job is not None:
+                        self._fail(peer.job, f"RDMA data path: {exc}")
             self._poll_verbs()
             flush_links(self.outbox)
             self._check_stalls()

@@ -135,6 +135,29 @@ def test_racks_and_shards_over_rdma_writes(tmp_path, layout):
             assert np.array_equal(saved[f"final{i}"], results[0][f"final{i}"]), f"rank {rank} differs from rank 0"
 
 
+def test_two_jobs_share_a_server_over_rdma_writes(tmp_path):
+    jobs = (phub.JobSpec(1, 2, "one"), phub.JobSpec(2, 3, "two"))
+    server = phub.Server(phub.ServerConfig(jobs=jobs, cores=2, once=True, timeout=60, transport="soft-verbs")).start()
+    procs, outs = [], {}
+    try:
+        for job in jobs:
+            outs[job.job_id] = tmp_path / f"job{job.job_id}"
+            outs[job.job_id].mkdir()
+            params = {"sizes": SIZES, "steps": STEPS, "optimizer": None, "out_dir": str(outs[job.job_id])}
+            procs += start_workers(server, job.num_workers, params, job_id=job.job_id, token=job.token)
+        for code, err in finish(procs, timeout=120):
+            assert code == 0, err
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.stop()
+    for job in jobs:
+        for rank in range(job.num_workers):
+            saved = np.load(outs[job.job_id] / f"rank{rank}.npz")
+            for i, shape in enumerate(SIZES):
+                want = aggregate(job.num_workers, STEPS, i, int(np.prod(shape))).astype(np.float32)
+                np.testing.assert_array_equal(saved[f"sum{STEPS}_{i}"].reshape(-1), want)
+
+
 def test_a_killed_worker_fails_the_rdma_job_within_a_bound(tmp_path):
     import signal
     import time

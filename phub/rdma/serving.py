@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from .. import wire
-from ..errors import ProtocolError
+from ..errors import ConfigError, JobFailed, ProtocolError
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
 from .layout import CoreRegistration, WorkerRegistration
@@ -64,10 +64,15 @@ class CoreVerbs:
     def hello(self, interface: int, lane: int, local: int, rank: int, body: dict) -> dict:
         """A worker's lane HELLO: make and connect its queue pair; return the WELCOME's rdma field."""
         remote = connect.extract(body, f"rank {rank}")
-        nic = self._nic(interface)
-        conn = nic.connection()
-        conn.connect(remote)
-        conn.post_receives(RECEIVE_DEPTH)
+        try:
+            nic = self._nic(interface)
+            conn = nic.connection()
+            conn.connect(remote)
+            conn.post_receives(RECEIVE_DEPTH)
+        except (ConfigError, JobFailed):
+            raise
+        except Exception as exc:  # the provider's own error (pyverbs raises its own classes)
+            raise JobFailed(f"cannot connect a queue pair for rank {rank} on interface {interface}: {exc}") from None
         writer = Writer(conn)
         self.peers[(lane, local)] = (writer, rank, interface)
         self.by_qp[interface][conn.qp_num] = (lane, local)
@@ -100,18 +105,25 @@ class CoreVerbs:
     def buffers(self, chunks) -> list:
         """The `JobState.buffers` hook: one batch's owned chunks, laid out in registered memory."""
         state = self.state
-        if self.registration is None:
-            self.registration = CoreRegistration.for_job_state(state)
-        else:
-            self.registration.extend()
+        try:
+            if self.registration is None:
+                self.registration = CoreRegistration.for_job_state(state)
+            else:
+                self.registration.extend()
+        except ConfigError as exc:  # the job outgrew what an immediate can name
+            raise ProtocolError(str(exc)) from None
         batch = chunks[0].batch if chunks else len(state.plan.batches) - 1
         groups = []
         for interface in self.registration.interfaces:
             blocks = self.registration.batch_blocks(interface, batch)
             if blocks is None:
                 continue
-            memory = Memory(blocks.end - blocks.slots)
-            self.regions[(interface, batch)] = self._nic(interface).register(memory)
+            try:
+                memory = Memory(blocks.end - blocks.slots)
+                self.regions[(interface, batch)] = self._nic(interface).register(memory)
+            except Exception as exc:  # out of memory, or the device refuses to pin it
+                raise JobFailed(f"cannot register {blocks.end - blocks.slots} bytes for batch {batch} "
+                                f"on interface {interface}: {exc}") from None
             n, base = blocks.elements, blocks.slots
             slots = memory.floats(0, state.num_workers * n).reshape(state.num_workers, n)
             groups.append(([state.plan.chunks[c] for c in blocks.chunk_ids], memory.floats(blocks.weights - base, n),
