@@ -192,6 +192,8 @@ def test_rack_is_isolated_and_leaves_the_root_namespace_alone(rack):
     assert rackbuild.check_isolation(rack.plan) == []
     for host in rack.plan.workers + rack.plan.pboxes:
         assert "default" not in netns.ip(host.ns, "route", "show", "table", "all")
+        tcp = netns.run(netns.exec_argv(host.ns) + ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).strip()
+        assert tcp == netns.TCP_CONGESTION == rack.cluster.extra["tcp_congestion"]
     assert _root_namespace() == rack.root_before
     cluster = rack.cluster
     assert cluster.hierarchical and [s.addresses for s in cluster.servers] == [

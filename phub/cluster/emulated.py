@@ -158,6 +158,7 @@ class EmulatedRack:
                                  **({"uplink": spec.uplink_gbps} if spec.racks > 1 else {})},
             "oversubscription": spec.oversubscription,
             "queueing": spec.queueing,
+            "tcp_congestion": netns.TCP_CONGESTION,
             "scale": {"network": spec.scale_network, "model": spec.scale_model, "time": spec.scale_time},
             "configured_mbit": {kind: round(spec.mbit(kind), 3) for kind in kinds},
             "measured_mbit": preflight.summarize(self.links),

@@ -68,10 +68,20 @@ def list_namespaces() -> List[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+# The emulated hosts' TCP, the same on every machine whatever the machine's own default: reno is
+# built into every kernel and always allowed in a namespace (other algorithms may be neither).
+# A default of BBR (as here) would make results drift: each BBR flow drains its cwnd to 4 packets
+# for 200 ms every 10 s (ProbeRTT), which on 8 x 8 flows coupled by the parameter server slowed
+# every exchange that hit one by 30%.
+TCP_CONGESTION = "reno"
+
+
 def add_namespace(ns: str) -> None:
-    """A fresh namespace with IPv6 off (so no address outside 198.18.0.0/15 appears) and lo up."""
+    """A fresh namespace with IPv6 off (so no address outside 198.18.0.0/15 appears), the emulated
+    hosts' TCP congestion control, and lo up."""
     run(["ip", "netns", "add", ns])
-    sysctl(ns, {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"})
+    sysctl(ns, {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
+                "net.ipv4.tcp_congestion_control": TCP_CONGESTION})
     ip(ns, "link", "set", "lo", "up")
 
 
