@@ -17,8 +17,10 @@ frame. What moves to RDMA is the data:
     result                               -> a write-with-immediate of the chunk's new weights (or
                                             aggregate) into every worker's results (`send_result`)
 
-One NIC (protection domain, completion queue) per interface this core serves; its queue pairs and
-regions all belong to it. Methods raise ProtocolError for what a worker got wrong and JobFailed
+For each interface the core serves, the job opens one NIC (protection domain, completion queue);
+the job's queue pairs and regions on that interface belong to it. A job that registers all its
+arrays in one `init` has one region per (core, NIC), as PHub's one-shot registration; each later
+`init` adds one more. Methods raise ProtocolError for what a worker got wrong and JobFailed
 for a failed work request: the core fails the job for either.
 """
 from __future__ import annotations

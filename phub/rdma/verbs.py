@@ -168,7 +168,9 @@ class Nic:
 
     nap = 0.0  # PHub's cores poll without sleeping
 
-    def __init__(self, device: str, *, port: int = 1, gid_index: int = 0, cq_depth: int = 8192):
+    def __init__(self, device: str, *, port: int = 1, gid_index: int = 0, cq_depth: int = 65536):
+        # cq_depth: a core's NIC completes one receive per push of every worker on it; a deep
+        # queue lets the core fall behind for a while without overrunning it (a fatal error)
         pv = self.pv = load()
         e = pv.enums
         self.port = port

@@ -7,8 +7,9 @@ owning core's region for that batch is. Then a push is: copy the chunk's gradien
 gradients block, write it with an immediate straight into this worker's slot on the owning core
 (its address computed by `layout.CoreRegistration`, exactly as the core laid it out). The core
 writes the result back into the results block; `poll` reports the chunks that landed and the
-client copies them out to the caller's array. All calls are made on the client's I/O thread,
-except the handshake ones (before it starts).
+client copies them out to the caller's array. Calls are made on the client's I/O thread, except
+the handshake ones (before it starts) and `register_batch` (in `init`, on the caller's thread: it
+only adds entries, which the I/O thread reads once the batch's READY has come back).
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from .layout import CoreRegistration, WorkerRegistration, core_lanes
 
 
 ENV_RDMA_DEVICE = "PHUB_RDMA_DEVICE"  # NAME[:PORT] of the worker's RDMA port (default: the first usable)
+# The I/O thread shares its process (and the GIL) with training: it sleeps at least this long
+# between polls while results are awaited, where a server core polls without sleeping.
+MIN_NAP = 0.0001
 
 
 class WorkerVerbs:
@@ -48,7 +52,7 @@ class WorkerVerbs:
 
     @property
     def nap(self) -> float:
-        return self.nic.nap
+        return max(self.nic.nap, MIN_NAP)
 
     # -- handshake (before the I/O thread runs) ----------------------------------------------
     def hello_params(self, lane: int) -> dict:
