@@ -25,7 +25,7 @@ SYSTEM_PYVERBS := /usr/lib/python3/dist-packages/pyverbs
 pyverbs: venv
 	@if ! $(PY) -c 'import pyverbs' 2>/dev/null; then \
 	  if [ ! -d $(SYSTEM_PYVERBS) ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    apt-get install -y -qq python3-pyverbs >/dev/null 2>&1 || echo "pyverbs: apt-get install python3-pyverbs failed"; fi; \
+	    timeout 300 apt-get install -y -qq python3-pyverbs >/dev/null 2>&1 || echo "pyverbs: apt-get install python3-pyverbs failed"; fi; \
 	  if [ -d $(SYSTEM_PYVERBS) ]; then \
 	    mkdir -p $(VENV)/system-pyverbs && ln -sfn $(SYSTEM_PYVERBS) $(VENV)/system-pyverbs/pyverbs && \
 	    $(PY) -c 'import os, sysconfig; open(os.path.join(sysconfig.get_paths()["purelib"], "system-pyverbs.pth"), "w").write(os.path.abspath("$(VENV)/system-pyverbs") + "\n")'; fi; \
