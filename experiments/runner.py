@@ -52,6 +52,7 @@ class Options:
     racks: int = 1  # phub on loopback: one PBox per rack (two-phase reduction)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # phub / pshard
     lanes_per_pair: int = 1  # phub / pshard
+    transport: str = "tcp"  # phub / pshard: tcp | verbs | soft-verbs
     bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
     timeout: float = 300.0  # seconds a run may take, and a blocking call may wait
     variant: str = "full"  # breakdown experiment: full | no_optimizer | no_compute (compute removed)

@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from .chunking import DEFAULT_CHUNK_BYTES
+from .config import TRANSPORTS
 from .errors import ConfigError, PHubError
 
 
@@ -50,7 +51,7 @@ def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> N
 
 
 def _add_transport_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transport", choices=("tcp", "verbs", "soft-verbs"), default="tcp",
+    parser.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                         help="how chunks move: tcp (default), verbs (RDMA; refused at start, with the "
                              "reason, unless `phub doctor` says it can run here), or soft-verbs (the verbs "
                              "data path in software, between processes of one machine: for testing)")
@@ -113,7 +114,7 @@ def cmd_bench_exchange(args) -> int:
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
                       interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
                       bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant,
-                      image_size=args.image_size, batch=args.batch)
+                      image_size=args.image_size, batch=args.batch, transport=args.transport)
 
     def report(row: dict) -> None:  # as each repeat ends, so a long run shows progress
         print(summary(row), file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -226,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"phub, pshard: key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
     exchange.add_argument("--lanes-per-pair", type=_positive_int, default=1,
                           help="phub, pshard: connections per worker for each (interface, core) pair")
+    exchange.add_argument("--transport", choices=TRANSPORTS, default="tcp",
+                          help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server`)")
     exchange.add_argument("--bigarray-bound", type=_positive_int, default=1000 * 1000,
                           help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
     exchange.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take (default 300)")

@@ -4,6 +4,7 @@ The provider's own semantics first (what a NIC does with a write-with-immediate)
 real server cores and worker processes whose chunks move only by RDMA writes into registered
 slots and results, checked against the closed-form oracles of test_exchange.py.
 """
+import json
 import socket
 import subprocess
 
@@ -156,6 +157,16 @@ def test_two_jobs_share_a_server_over_rdma_writes(tmp_path):
             for i, shape in enumerate(SIZES):
                 want = aggregate(job.num_workers, STEPS, i, int(np.prod(shape))).astype(np.float32)
                 np.testing.assert_array_equal(saved[f"sum{STEPS}_{i}"].reshape(-1), want)
+
+
+def test_bench_exchange_runs_phub_over_rdma_writes():
+    from test_cli import run
+
+    result = run("bench", "exchange", "--system", "phub", "--model", "googlenet", "--workers", "2", "--cores", "2",
+                 "--iterations", "2", "--transport", "soft-verbs", "--verify", "--json")
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["verified"] is True and row["transport"] == "soft-verbs"
 
 
 def test_a_killed_worker_fails_the_rdma_job_within_a_bound(tmp_path):

@@ -25,14 +25,14 @@ class PHubSystem(System):
     def describe(self, cluster: Cluster, options) -> dict:
         return {"servers": len(cluster.servers), "racks": cluster.racks,
                 "interfaces": len(cluster.servers[0].addresses), "cores": options.cores,
-                "chunk_bytes": options.chunk_bytes}
+                "chunk_bytes": options.chunk_bytes, "transport": options.transport}
 
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
         from phub.launch import run_job
 
         config = ServerConfig(jobs=(JobSpec(0, len(cluster.workers)),), cores=options.cores,
                               chunk_bytes=options.chunk_bytes, lanes_per_pair=options.lanes_per_pair,
-                              once=True, timeout=options.timeout)
+                              once=True, timeout=options.timeout, transport=options.transport)
         job = run_job(list(command), len(cluster.workers), config, cluster=cluster, extra_env=env,
                       stdout=output, stderr=output)
         if job.status != 0:
