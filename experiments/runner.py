@@ -81,6 +81,9 @@ def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup
         raise ConfigError("--variant no_compute removes compute: use it with --compute zero")
     if options.variant == "no_optimizer" and verify:
         raise ConfigError("--variant no_optimizer runs no optimizer: there is nothing to --verify")
+    if options.transport == "soft-verbs" and options.network != "loopback":
+        raise ConfigError("--transport soft-verbs reaches only the processes of one network namespace: "
+                          "use it with --network loopback")
     sut = get_system(system)
     loaded = load_model(model)
     if options.compute == "real":

@@ -167,6 +167,8 @@ def test_bench_exchange_runs_phub_over_rdma_writes():
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout.strip().splitlines()[-1])
     assert row["verified"] is True and row["transport"] == "soft-verbs"
+    result = run("bench", "exchange", "--network", "emulated", "--transport", "soft-verbs")
+    assert result.returncode == 2 and "one network namespace" in result.stderr
 
 
 def test_a_killed_worker_fails_the_rdma_job_within_a_bound(tmp_path):

@@ -169,7 +169,8 @@ class SoftConnection:
             sock.connect(_NAME + remote.gid.encode())
         except OSError as exc:
             sock.close()
-            raise JobFailed(f"soft RDMA: cannot reach the peer NIC {remote.gid}: {exc}") from None
+            raise JobFailed(f"soft RDMA: cannot reach the peer NIC {remote.gid}: {exc} (soft-verbs reaches only "
+                            "processes in this network namespace)") from None
         sock.sendall(_HELLO.pack(remote.qp_num))
         sock.setblocking(False)
         self.sock, self.remote = sock, remote
