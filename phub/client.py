@@ -201,11 +201,13 @@ class Client:
         if not isinstance(optimizer, Optimizer):
             raise ConfigError(f"set_optimizer takes a phub optimizer (NAG, SGD, Aggregate), got {optimizer!r}")
         self._check_failed()
-        if self._leader:
-            acks = self._optimizer_acks = Handle(self, len(self._links), None, "set_optimizer", [])
-            self._to_all_lanes(wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
-            if self._verbs:
-                acks.wait()
+        if not self._leader:
+            return
+        if self._verbs:
+            self._optimizer_acks = Handle(self, len(self._links), None, "set_optimizer", [])
+        self._to_all_lanes(wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
+        if self._verbs:
+            self._optimizer_acks.wait()
 
     def pushpull_async(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None) -> Handle:
         """Push `grad` for `key`; the returned handle's `wait()` gives `out` holding the result
