@@ -266,10 +266,12 @@ class Core(RackLinks):
                 for state in event.chunks:
                     self._send_result(job, state)
                 ready = {"batch": event.batch}
+                frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, ready)
                 for local, link in enumerate(job.links[event.lane]):
                     if job.verbs:  # each worker learns where its slots are
                         ready["rdma"] = job.verbs.ready_params(event.lane, local, event.batch)
-                    link.send(wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, ready))
+                        frame = wire.control_frame(wire.Kind.READY, job.spec.job_id, wire.SERVER_SENDER, ready)
+                    link.send(frame)
             elif isinstance(event, SendPartial):
                 header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
                                           event.state.chunk.id, event.iteration, event.state.chunk.nbytes)

@@ -18,7 +18,7 @@ import time
 from typing import Callable, List, Optional
 
 from . import wire
-from .errors import PHubTimeout, ProtocolError
+from .errors import JobFailed, PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
 
@@ -213,7 +213,7 @@ def recv_control(sock: socket.socket, timeout: float, peer: str = "the peer") ->
     """Block until one whole control frame arrives on `sock` (a handshake, before any loop runs).
 
     Raises PHubTimeout after `timeout` seconds, ProtocolError for a bad frame or a data frame,
-    or if `peer` closes the connection first.
+    JobFailed if `peer` closes the connection first (a peer that is gone, as on a running link).
     """
     receiver = wire.FrameReceiver(_reject_data)
     deadline = time.monotonic() + timeout
@@ -227,7 +227,7 @@ def recv_control(sock: socket.socket, timeout: float, peer: str = "the peer") ->
         except socket.timeout:
             raise PHubTimeout(f"no answer from {peer} within {timeout:g} s") from None
         if n == 0:
-            raise ProtocolError(f"{peer} closed the connection during the handshake")
+            raise JobFailed(f"{peer} closed the connection during the handshake")
         frame = receiver.received(n)
         if frame is not None:
             return frame

@@ -4,7 +4,7 @@ import socket
 import pytest
 
 from phub import wire
-from phub.errors import PHubTimeout, ProtocolError
+from phub.errors import JobFailed, PHubTimeout, ProtocolError
 from phub.rdma.connect import FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu
 from phub.transport import recv_control
 
@@ -77,5 +77,5 @@ def test_a_handshake_read_takes_one_control_frame_and_refuses_data_silence_and_a
     with pytest.raises(PHubTimeout, match="no answer from the server within 0.2 s"):
         recv_control(client, 0.2, "the server")
     client.close()
-    with pytest.raises(ProtocolError, match="rank 2 closed the connection during the handshake"):
+    with pytest.raises(JobFailed, match="rank 2 closed the connection during the handshake"):
         recv_control(server, 10, "rank 2")

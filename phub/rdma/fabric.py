@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolError
 
 # Work completion opcodes of <infiniband/verbs.h> (ibv_wc_opcode); receive opcodes have bit 7 set.
 WC_RDMA_WRITE = 1
@@ -205,8 +205,6 @@ def drain(nic, writers: Dict[int, Writer], max_entries: int = 256) -> List[Compl
     `writers` maps queue pair numbers to their `Writer`. Raises JobFailed (from the provider) if
     a work request failed, ProtocolError if a completion names an unknown queue pair.
     """
-    from ..errors import ProtocolError
-
     landed = []
     for completion in nic.poll(max_entries):
         writer = writers.get(completion.qp_num)

@@ -140,11 +140,10 @@ class CoreVerbs:
         source = reg.weights(chunk.id) if chunk_state.result_view is chunk_state.weight_view else reg.result(chunk.id)
         region = self.regions[(source.interface, chunk.batch)]
         offset = reg.in_batch_region(source, chunk.id)
-        layout = self._worker_layout(chunk.batch)
+        remote_offset, nbytes = self._worker_layout(chunk.batch).result(chunk.id)  # the same in every worker
         for local in range(self.state.num_workers):
             writer, rank, _ = self.peers[(chunk.lane, local)]
             target = self.targets[(chunk.lane, local, chunk.batch)]
-            remote_offset, nbytes = layout.result(chunk.id)
             writer.write(region, offset, nbytes, target, remote_offset, immediate.encode(rank, chunk.id))
 
     def poll(self) -> List[Tuple[int, int, wire.Header]]:

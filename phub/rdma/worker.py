@@ -43,6 +43,8 @@ class WorkerVerbs:
         self.regions: Dict[int, Region] = {}  # batch -> this worker's region
         self.layouts: Dict[int, WorkerRegistration] = {}
         self.targets: Dict[Tuple[int, int], connect.ConnParams] = {}  # (lane, batch) -> core's region
+        # chunk id -> (lane, batch, gradient offset, bytes, offset of our slot in the core's region, immediate)
+        self.pushes: Dict[int, Tuple[int, int, int, int, int, int]] = {}
 
     @classmethod
     def for_servers(cls, transport: str, plan: ChunkPlan, rank: int, welcomes: List[dict]) -> "WorkerVerbs":
@@ -74,6 +76,14 @@ class WorkerVerbs:
                 self.owners[(server, core)].extend()
             else:
                 self.owners[(server, core)] = CoreRegistration(self.plan, lanes, self.workers_here[server])
+        topology = self.plan.topology
+        for chunk_id in layout.position:  # each push's addresses, worked out once per batch
+            lane = self.plan.chunks[chunk_id].lane
+            server = topology.lane_server(lane)
+            owner = self.owners[(server, topology.lane_core(lane))]
+            offset, nbytes = layout.gradient(chunk_id)
+            slot = owner.in_batch_region(owner.slot(chunk_id, self.rows[server]), chunk_id)
+            self.pushes[chunk_id] = (lane, batch, offset, nbytes, slot, immediate.encode(self.rank, chunk_id))
         return [self.lane_writer[lane].conn.local_params(region).to_json() for lane in sorted(self.lane_writer)]
 
     def ready(self, lane: int, batch: int, body: dict) -> None:
@@ -89,16 +99,10 @@ class WorkerVerbs:
     # -- data (I/O thread) ---------------------------------------------------------------------
     def send(self, chunk_id: int, data: memoryview) -> None:
         """Push one chunk: copy `data` (its gradient) into the region, write it into our slot."""
-        chunk = self.plan.chunks[chunk_id]
-        region, layout = self.regions[chunk.batch], self.layouts[chunk.batch]
-        offset, nbytes = layout.gradient(chunk_id)
+        lane, batch, offset, nbytes, slot, imm = self.pushes[chunk_id]
+        region = self.regions[batch]
         region.memory.bytes(offset, nbytes)[:] = data
-        topology = self.plan.topology
-        server = topology.lane_server(chunk.lane)
-        owner = self.owners[(server, topology.lane_core(chunk.lane))]
-        remote_offset = owner.in_batch_region(owner.slot(chunk_id, self.rows[server]), chunk_id)
-        self.lane_writer[chunk.lane].write(region, offset, nbytes, self.targets[(chunk.lane, chunk.batch)],
-                                           remote_offset, immediate.encode(self.rank, chunk_id))
+        self.lane_writer[lane].write(region, offset, nbytes, self.targets[(lane, batch)], slot, imm)
 
     def poll(self) -> List[int]:
         """Chunk ids whose results landed since the last poll (ProtocolError if one is not ours)."""
