@@ -19,57 +19,16 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.worker import ENV_PARAMS  # noqa: E402
+from experiments.multitenant import run_jobs, seconds_per_iteration  # noqa: E402
 from phub.cluster.emulated import EmulatedRack  # noqa: E402
-from phub.config import JobSpec, ServerConfig  # noqa: E402
-from phub.errors import PHubError  # noqa: E402
-from phub.launch import start_server, stop_processes, worker_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-JOBS = ((1, "tenant-one"), (2, "tenant-two"))
-
-
-def run_jobs(cluster, jobs, params: dict, out_dir: str, timeout: float) -> dict:
-    """Run `jobs` (job ids) at once on one server on the PBox; {job id: median seconds per iteration}."""
-    half = len(cluster.workers) // 2
-    config = ServerConfig(jobs=tuple(JobSpec(job, half, token) for job, token in JOBS if job in jobs),
-                          interfaces=cluster.servers[0].addresses, cores=1, once=True, timeout=timeout)
-    server, address = start_server(cluster.servers[0], config)
-    workers = []
-    try:
-        for index, (job, token) in enumerate(JOBS):
-            if job not in jobs:
-                continue
-            job_out = os.path.join(out_dir, f"job{job}")
-            os.makedirs(job_out, exist_ok=True)
-            for rank in range(half):
-                node = cluster.workers[index * half + rank]
-                env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_env(address, rank, half, job, token, timeout),
-                           **{ENV_PARAMS: json.dumps(dict(params, out_dir=job_out))})
-                workers.append(subprocess.Popen(node.argv([sys.executable, "-m", "experiments.worker"]), env=env,
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                                start_new_session=True))
-        for proc in workers:
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode != 0:
-                raise PHubError(f"a worker failed (status {proc.returncode}): {err.decode()[-2000:]}")
-    finally:
-        stop_processes(workers + [server])
-    seconds = {}
-    for job in jobs:
-        ranks = [json.loads(Path(out_dir, f"job{job}", f"rank{r}.json").read_text()) for r in range(half)]
-        per_iteration = [max(r["seconds"][i] for r in ranks) for i in range(len(ranks[0]["seconds"]))]
-        if not all(r["verified"] for r in ranks):
-            raise PHubError(f"job {job}: results did not verify")
-        seconds[job] = statistics.median(per_iteration)
-    return seconds
 
 
 def main() -> int:
@@ -91,8 +50,10 @@ def main() -> int:
                   "worker_class": "experiments.systems.phub:PHubWorker"}
         for repeat in range(args.repeats):
             with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out:
-                alone.append(run_jobs(cluster, (1,), params, os.path.join(out, "alone"), args.timeout)[1])
-                both = run_jobs(cluster, (1, 2), params, os.path.join(out, "both"), args.timeout)
+                alone.append(seconds_per_iteration(run_jobs(cluster, (1,), params, os.path.join(out, "alone"),
+                                                            args.timeout)[1]))
+                both = {job: seconds_per_iteration(ranks) for job, ranks in
+                        run_jobs(cluster, (1, 2), params, os.path.join(out, "both"), args.timeout).items()}
             for job in both:
                 together[job].append(both[job])
             print(f"repeat {repeat}: job 1 alone {alone[-1] * 1e3:.1f} ms; together job 1 {both[1] * 1e3:.1f} ms, "

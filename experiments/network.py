@@ -39,9 +39,7 @@ def loopback_cluster(system: str, workers: int, options) -> Cluster:
 @contextlib.contextmanager
 def emulated_cluster(system: str, workers: int, options):
     """The emulated rack described by `options.spec` (network namespaces, shaped links), up for
-    the run and torn down after it, however it ends. The system's servers go where its design
-    puts them: phub on the PBoxes (one per rack: two-phase reduction), shards on the worker nodes,
-    ps-lite's central server on the first PBox; gloo uses the worker nodes only."""
+    the run and torn down after it, however it ends; the cluster is `emulated_view`'s."""
     from phub.cluster.emulated import EmulatedRack
 
     if not options.spec:
@@ -51,13 +49,20 @@ def emulated_cluster(system: str, workers: int, options):
         if len(cluster.workers) != workers:
             raise ConfigError(f"--workers {workers}, but the rack spec {options.spec} has {len(cluster.workers)} "
                               "worker nodes (racks x workers_per_rack)")
-        servers = get_system(system).servers
-        if servers == "shards":
-            yield rack.sharded_cluster()
-        elif system == "phub" or not cluster.hierarchical:
-            yield cluster
-        else:  # one central server for the whole job, on the first rack's PBox
-            yield Cluster(cluster.servers[:1], cluster.workers, hierarchical=False, extra=cluster.extra)
+        yield emulated_view(rack, system)
+
+
+def emulated_view(rack, system: str) -> Cluster:
+    """The nodes of an emulated rack that is up, as `system` uses them: phub on the PBoxes (one
+    per rack: two-phase reduction), shards on the worker nodes, ps-lite's central server on the
+    first PBox; gloo uses the worker nodes only. One rack serves every system this way."""
+    cluster = rack.cluster
+    servers = get_system(system).servers
+    if servers == "shards":
+        return rack.sharded_cluster()
+    if system == "phub" or not cluster.hierarchical:
+        return cluster
+    return Cluster(cluster.servers[:1], cluster.workers, hierarchical=False, extra=cluster.extra)
 
 
 def hostfile_cluster(system: str, workers: int, options) -> Cluster:

@@ -26,6 +26,7 @@ after each exchange are the reference NAG (phub's numpy kernels) applied to that
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import List
 
@@ -109,7 +110,10 @@ class _Oracle:
 def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmup: int, verify: bool,
         optimize: bool = True) -> dict:
     """Set the system up, run the replayed iterations (see the module docstring), close; return
-    this rank's result: {"rank", "seconds" (the `iterations` timed ones), "verified", "max_error"}.
+    this rank's result: {"rank", "seconds" (the `iterations` timed ones), "verified", "max_error",
+    and for experiments.monitor "pid", "stamps" (the start of every timed iteration and the end of
+    the last, raw monotonic clock) and "checks" (per timed iteration: wall and CPU seconds of the
+    oracle check inside it)}.
     Raises SystemExit naming the first key whose weights miss the oracle. `optimize=False` (the
     breakdown experiment's no_optimizer variant) exchanges gradients with no optimizer at all."""
     sizes = [a.elements for a in model.arrays]
@@ -126,15 +130,20 @@ def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmu
     layers = model.layers
     marks: List[float] = []  # start of each iteration's forward, and of the final forward
     paused = 0.0  # seconds spent verifying, taken out of the timeline
+    stamps: List[float] = []  # the same starts on the raw monotonic clock (for experiments.monitor)
+    checks: List[List[float]] = []  # per iteration: wall and CPU seconds of its oracle check
     clock = _Clock()
     for iteration in range(warmup + iterations + 1):
-        marks.append(time.perf_counter() - paused)
+        stamps.append(time.perf_counter())
+        marks.append(stamps[-1] - paused)
+        checks.append([0.0, 0.0])
         if oracle and iteration:  # the forward below would wait for all these anyway
             for key in range(len(sizes)):
                 system.wait(key)
-            checking = time.perf_counter()
+            checking, cpu = time.perf_counter(), time.process_time()
             oracle.check(system, iteration)
-            paused += time.perf_counter() - checking
+            checks[-1] = [time.perf_counter() - checking, time.process_time() - cpu]
+            paused += checks[-1][0]
         clock.waited()
         for layer, t in zip(layers, forward):
             for key in layer.keys:
@@ -149,12 +158,15 @@ def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmu
                     system.push(key)
         if system.consolidated:
             system.exchange_all()
-    marks.append(time.perf_counter() - paused)
+    stamps.append(time.perf_counter())
+    marks.append(stamps[-1] - paused)
     for key in range(len(sizes)):  # the final forward: the last exchange's weights
         system.wait(key)
     if oracle:
         oracle.check(system, warmup + iterations + 1)
     system.close()
     seconds = [b - a for a, b in zip(marks, marks[1:])][warmup + 1:]
+    timed = slice(warmup + 1, None)
     return {"rank": system.rank, "seconds": seconds, "verified": bool(verify),
-            "max_error": oracle.max_error if oracle else None}
+            "max_error": oracle.max_error if oracle else None,
+            "pid": os.getpid(), "stamps": stamps[timed], "checks": checks[timed]}

@@ -10,7 +10,9 @@ samples_per_s (workers x batch per GPU / seconds; null for synthetic layouts), b
 compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max_error, verify_kind
 ("oracle", or "workers_agree" with real compute; null without --verify), network,
 cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
-(servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python.
+(servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python, and bound (what limited
+the run: cpu_busy, busiest_process, busiest_process_cpu, link_utilization, bound = wire | mixed |
+cpu; see experiments.monitor; {} when the samples missed the timed iterations).
 
 With `--compute real` (experiments.realcompute) the bytes, batch and compute seconds are the real
 network's (measured by the workers), and the row adds zoo_model, image_size, device and
@@ -18,6 +20,7 @@ loss_per_iteration.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -29,10 +32,12 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from phub.chunking import DEFAULT_CHUNK_BYTES
+from phub.cluster import Cluster
 from phub.errors import ConfigError, PHubError
 
 from . import realcompute
 from .models import compute_schedule, load_model, scaled
+from .monitor import Monitor, block, summarize
 from .network import cluster_for
 from .systems import get_system
 from .worker import ENV_PARAMS
@@ -70,9 +75,14 @@ def run_exchange(system: str, model: str, workers: int, iterations: int, warmup:
 
 def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
                   verify: bool = False, options: Options = Options(), quiet: bool = False, repeats: int = 1,
-                  on_row: Optional[Callable[[dict], None]] = None) -> List[dict]:
-    """`run_exchange` `repeats` times on one cluster (an emulated rack is built and measured once);
-    every repeat starts its processes afresh. `on_row` is called with each row as it is done."""
+                  on_row: Optional[Callable[[dict], None]] = None, cluster: Optional[Cluster] = None) -> List[dict]:
+    """`run_exchange` with `repeats` blocks of `iterations` timed iterations, one row per block.
+
+    Warm-up rule: the processes start once; the first `warmup` iterations (and the one after
+    them, which still finishes the last warm-up exchange) are dropped, then `repeats` consecutive
+    blocks are timed, so a repeat costs no process start. `cluster`: run on this cluster (already
+    up, e.g. an emulated rack shared by several points) instead of building one from `options`.
+    `on_row` is called with each row when the run is done."""
     if iterations < 1 or warmup < 0 or workers < 1 or repeats < 1:
         raise ConfigError("iterations must be >= 1, warmup >= 0, workers >= 1 and repeats >= 1")
     if options.variant not in VARIANTS:
@@ -98,29 +108,10 @@ def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup
     output = tempfile.TemporaryFile("w+", errors="replace") if quiet else sys.stderr
     rows: List[dict] = []
     try:
-        with cluster_for(system, workers, options) as cluster:
-            scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
-            path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
-            for _ in range(repeats):
-                with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir:
-                    params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
-                              "iterations": iterations, "warmup": warmup, "verify": verify,
-                              "worker_class": sut.worker_class, "out_dir": out_dir,
-                              "image_size": options.image_size, "batch": options.batch}
-                    env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
-                    sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
-                    ranks = []
-                    for rank in range(workers):
-                        try:
-                            with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-                                ranks.append(json.load(f))
-                        except FileNotFoundError:
-                            raise PHubError(f"{system}: rank {rank} finished without writing its result") from None
-                    real = realcompute.row_fields(ranks, out_dir, verify) if options.compute == "real" else None
-                    rows.append(_row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options,
-                                     cluster, ranks, real))
-                if on_row is not None:
-                    on_row(rows[-1])
+        with contextlib.ExitStack() as stack:
+            if cluster is None:
+                cluster = stack.enter_context(_entered(cluster_for(system, workers, options)))
+            rows = _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cluster, output, repeats)
     except PHubError as exc:
         if not quiet:
             raise
@@ -130,6 +121,52 @@ def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup
     finally:
         if quiet:
             output.close()
+    for row in rows:
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+@contextlib.contextmanager
+def _entered(made):
+    """A network function's result as a context manager (it may return a Cluster or one)."""
+    if isinstance(made, Cluster):
+        yield made
+    else:
+        with made as cluster:
+            yield cluster
+
+
+def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cluster, output, repeats) -> List[dict]:
+    """One start of the system's processes; one row per block of `iterations`."""
+    scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
+    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir:
+        params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
+                  "iterations": iterations * repeats, "warmup": warmup, "verify": verify,
+                  "worker_class": sut.worker_class, "out_dir": out_dir,
+                  "image_size": options.image_size, "batch": options.batch}
+        env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
+        with Monitor() as monitor:
+            sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
+        ranks = []
+        for rank in range(workers):
+            try:
+                with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
+                    ranks.append(json.load(f))
+            except FileNotFoundError:
+                raise PHubError(f"{sut.name}: rank {rank} finished without writing its result") from None
+        real = realcompute.row_fields(ranks, out_dir, verify) if options.compute == "real" else None
+    rates = cluster.extra.get("configured_mbit", {})
+    rows = []
+    for b in range(repeats):
+        first = b * iterations
+        part = [dict(r, seconds=r["seconds"][first:first + iterations]) for r in ranks]
+        row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, part, real)
+        row["repeat"] = b
+        row["bound"] = summarize(monitor.samples, block(ranks, first, iterations), os.cpu_count() or 1,
+                                 rates.get("host"), rates.get("pbox_nic"))
+        rows.append(row)
     return rows
 
 

@@ -1,10 +1,11 @@
-# Experiments: one tidy CSV per point, written atomically by run_point.py; finished points are
-# skipped on a rerun because their CSV exists.
+# Experiments: one job per shape (the points that share one emulated rack); each point's tidy
+# CSV is written atomically by run_shape.py as soon as it is measured, so a rerun skips finished
+# points, also inside a shape that was interrupted.
 
 # Two JSON writes: not worth a cluster job each (no effect on a local run).
 localrules:
     point_list,
-    point_spec,
+    shape_spec,
 
 
 rule point_list:
@@ -15,30 +16,30 @@ rule point_list:
         Path(output[0]).write_text(json.dumps(point_outputs()))
 
 
-rule point_spec:
+rule shape_spec:
     output:
-        RESULTS + "/points/{experiment}/{point}.json",
+        RESULTS + "/shapes/{shape}.json",
     run:
-        Path(output[0]).write_text(json.dumps(POINTS[f"{wildcards.experiment}/{wildcards.point}"]))
+        Path(output[0]).write_text(json.dumps(SHAPES[wildcards.shape]))
 
 
-rule run_point:
+rule run_shape:
     input:
         selftest=RESULTS + "/build/selftest.json",
-        point=RESULTS + "/points/{experiment}/{point}.json",
+        shape=RESULTS + "/shapes/{shape}.json",
         progress=RESULTS + "/points/all.json",
     output:
-        RESULTS + "/points/{experiment}/{point}.csv",
+        RESULTS + "/shapes/{shape}.done",
     log:
-        RESULTS + "/logs/points/{experiment}/{point}.log",
+        RESULTS + "/logs/shapes/{shape}.log",
     resources:
         # Points share the machine's cores and the emulated links: one at a time locally.
         bench=1,
     # A busy machine can make a rack's preflight miss its rates; one more try, then give up.
     retries: 1
     shell:
-        "{PYTHON} workflow/scripts/run_point.py --point {input.point} --out {output} "
-        "--progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"
+        "{PYTHON} workflow/scripts/run_shape.py --shape {input.shape} --results {RESULTS}/points "
+        "--done {output} --progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"
 
 
 rule convergence:

@@ -1,47 +1,88 @@
 """The experiment grid: config -> the list of points to measure, each a dict with an `id`.
 
 Pure and deterministic, so Snakemake, the progress report and the tests all see the same list.
-A point holds everything `run_point.py` needs to run it: the `phub bench exchange` options and,
-on an emulated network, the rack spec (rates at the paper's scale; the rack divides them by s_n).
+A point holds everything the runner needs: the `phub bench exchange` options and, on an emulated
+network, the rack spec (rates at the paper's scale; the rack divides them by s_n).
+
+How the paper's testbed is scaled down (config `rack:`), the same for every point:
+
+* every host link runs at `max_link_mbit` (s_n = paper rate / that rate): on two cores, links
+  this slow keep every point's cores mostly idle (measured: README, "What bounded the points");
+* model bytes are divided by s_m = s_n / `time_stretch`, so a run takes `time_stretch` times the
+  paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
+* chunks are `chunk_bytes` (the paper-equivalent chunk, `chunk_bytes_paper`, is that x s_m):
+  the paper's 32 KB would be 32 KB / s_m here, and that many chunks would cost more CPU per
+  second than two cores have (measured in the README). The chunk sweep sets its own s_m.
+
+Points that share a rack spec form a *shape*: the runner brings one rack up per shape and runs
+all its points in it. Points with the same measurement (the same system, model, rack, options)
+are measured once and recorded under each experiment that uses them (`share` below).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Dict, Iterator, List
 
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
-DEFAULT_MAX_LINK_MBIT = 250.0  # fastest emulated link (config: rack.max_link_mbit)
+DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
+DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
+DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes
+PAPER_CHUNK_BYTES = 32768
+# What makes two points the same measurement (everything but where it is filed).
+MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
+                    "variant", "network", "rack", "repeats", "iterations", "warmup", "verify", "hostfile")
+
+
+def _scale(config: dict, gbps: float, model_scale: float = 0.0) -> dict:
+    settings = config.get("rack", {})
+    limit = settings.get("max_link_mbit", DEFAULT_MAX_LINK_MBIT)
+    s_n = gbps * 1000 / limit
+    s_m = model_scale or s_n / settings.get("time_stretch", DEFAULT_TIME_STRETCH)
+    return {"network": round(s_n, 6), "model": round(s_m, 6)}
 
 
 def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps: float,
-          oversubscription: float = 1.0) -> dict:
+          oversubscription: float = 1.0, model_scale: float = 0.0) -> dict:
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
-            "link_gbps": gbps, "oversubscription": oversubscription}
-    settings = dict(config.get("rack", {}))  # scale factors, preflight, port
-    limit = settings.pop("max_link_mbit", DEFAULT_MAX_LINK_MBIT)
-    scale = dict(settings.pop("scale", {}))
-    # A faster paper setting is slowed down more, so that no emulated link needs more CPU than
-    # this machine has; s_m stays, so compute is stretched more and comm:compute is kept.
-    scale["network"] = max(scale.get("network", 1), gbps * 1000 / limit)
-    rack.update(settings, scale=scale)
+            "link_gbps": gbps, "oversubscription": float(oversubscription)}
+    passed = {k: v for k, v in config.get("rack", {}).items()
+              if k not in ("max_link_mbit", "time_stretch", "chunk_bytes")}  # preflight, port, queueing
+    rack.update(passed, scale=_scale(config, gbps, model_scale))
     return rack
 
 
-def _point(config: dict, experiment: str, id_: str, **fields) -> dict:
-    point = {"experiment": experiment, "id": id_, "repeats": config["repeats"], "verify": config.get("verify", True),
-             "iterations": config["iterations"], "warmup": config["warmup"], "compute": "replay",
+def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict:
+    emulated = config["network"] == "emulated"
+    point = {"experiment": experiment, "id": id_, "verify": config.get("verify", True),
+             "repeats": exp.get("repeats", config["repeats"]), "iterations": exp.get("iterations", config["iterations"]),
+             "warmup": exp.get("warmup", config["warmup"]), "compute": "replay",
              "network": config["network"], "racks": 1, "interfaces": 1, "cores": config.get("server_cores", 1),
-             "chunk_bytes": 32768, "oversubscription": 1, "setting": "", "variant": ""}
+             "chunk_bytes": config.get("rack", {}).get("chunk_bytes", DEFAULT_CHUNK_BYTES) if emulated
+             else PAPER_CHUNK_BYTES, "oversubscription": 1, "setting": "", "variant": ""}
     if config["network"] == "hostfile":
         point["hostfile"] = config["hostfile"]
     point.update(fields)
+    if not emulated:
+        point.pop("rack", None)  # loopback and real machines: unshaped, unscaled
+    s_m = point.get("rack", {}).get("scale", {}).get("model", 1)
+    point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
+    measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
+    measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
+    point["measurement"] = _digest(measured)
+    point["shape"] = _digest(point.get("rack") or {"network": point["network"], "point": id_})
     return point
+
+
+def _digest(value) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _pbox(config: dict, exp: dict) -> Iterator[dict]:
     for setting in exp["settings"]:
         for model in exp["models"]:
             for system in exp["systems"]:
-                yield _point(config, "pbox", f"{setting}-{model}-{system}", system=system, model=model,
+                yield _point(config, exp, "pbox", f"{setting}-{model}-{system}", system=system, model=model,
                              workers=exp["workers"], setting=setting, interfaces=exp["interfaces"],
                              rack=_rack(config, 1, exp["workers"], exp["interfaces"], SETTINGS_GBPS[setting]))
 
@@ -49,7 +90,7 @@ def _pbox(config: dict, exp: dict) -> Iterator[dict]:
 def _capacity(config: dict, exp: dict) -> Iterator[dict]:
     for interfaces in exp["interfaces"]:
         for workers in exp["workers"]:
-            yield _point(config, "capacity", f"k{interfaces}-n{workers}", system="phub", model=exp["model"],
+            yield _point(config, exp, "capacity", f"k{interfaces}-n{workers}", system="phub", model=exp["model"],
                          workers=workers, interfaces=interfaces, compute="zero",
                          rack=_rack(config, 1, workers, interfaces, exp["link_gbps"]))
 
@@ -59,7 +100,7 @@ def _scaling(config: dict, exp: dict) -> Iterator[dict]:
         for workers in exp["workers"]:
             if system == "gloo-ring" and workers == 1:
                 continue  # an allreduce over one rank exchanges nothing (the paper's chart starts gloo at 2)
-            yield _point(config, "scaling", f"{system}-n{workers}", system=system, model=exp["model"],
+            yield _point(config, exp, "scaling", f"{system}-n{workers}", system=system, model=exp["model"],
                          workers=workers, compute="zero", interfaces=exp["interfaces"],
                          rack=_rack(config, 1, workers, exp["interfaces"], exp["link_gbps"]))
 
@@ -68,7 +109,7 @@ def _cross_rack(config: dict, exp: dict) -> Iterator[dict]:
     for model in exp["models"]:
         for racks in exp["racks"]:
             workers = racks * exp["workers_per_rack"]
-            yield _point(config, "cross_rack", f"{model}-r{racks}", system="phub", model=model, workers=workers,
+            yield _point(config, exp, "cross_rack", f"{model}-r{racks}", system="phub", model=model, workers=workers,
                          racks=racks, interfaces=exp["interfaces"],
                          rack=_rack(config, racks, exp["workers_per_rack"], exp["interfaces"], exp["link_gbps"]))
 
@@ -77,30 +118,56 @@ def _oversubscription(config: dict, exp: dict) -> Iterator[dict]:
     racks, per_rack = exp["racks"], exp["workers_per_rack"]
     for ratio in exp["ratios"]:
         for system in exp["systems"]:
-            yield _point(config, "oversubscription", f"{system}-o{ratio:g}", system=system, model=exp["model"],
+            yield _point(config, exp, "oversubscription", f"{system}-o{ratio:g}", system=system, model=exp["model"],
                          workers=racks * per_rack, racks=racks, oversubscription=ratio, interfaces=exp["interfaces"],
                          rack=_rack(config, racks, per_rack, exp["interfaces"], exp["link_gbps"], ratio))
 
 
 def _breakdown(config: dict, exp: dict) -> Iterator[dict]:
+    setting = exp.get("setting", "ib56g")
     for model in exp["models"]:
         for system in exp["systems"]:
             for variant in exp["variants"]:
-                yield _point(config, "breakdown", f"{model}-{system}-{variant}", system=system, model=model,
+                # The full variant is the pbox point of the same model, system and setting when
+                # the pbox experiment has it: the same measurement, taken once (see MEASUREMENT_KEYS).
+                yield _point(config, exp, "breakdown", f"{model}-{system}-{variant}", system=system, model=model,
                              workers=exp["workers"], variant=variant,
+                             setting=setting, interfaces=exp["interfaces"],
                              compute="zero" if variant == "no_compute" else "replay",
-                             rack=_rack(config, 1, exp["workers"], 1, exp["link_gbps"]))
+                             rack=_rack(config, 1, exp["workers"], exp["interfaces"], SETTINGS_GBPS[setting]))
 
 
 def _chunk_sweep(config: dict, exp: dict) -> Iterator[dict]:
+    """Paper-equivalent chunk sizes: a real chunk is the paper's size / s_m (the sweep's own
+    `model_scale`), so each point moves as many chunks per model as the paper's would."""
+    s_m = exp["model_scale"]
     for kb in exp["chunk_kb"]:
-        yield _point(config, "chunk_sweep", f"c{kb}k", system="phub", model=exp["model"], workers=exp["workers"],
-                     chunk_bytes=int(kb * 1024), interfaces=exp["interfaces"],
-                     rack=_rack(config, 1, exp["workers"], exp["interfaces"], exp["link_gbps"]))
+        real = max(4, int(round(kb * 1024 / s_m / 4)) * 4)  # float32 elements
+        yield _point(config, exp, "chunk_sweep", f"c{kb:g}k", system="phub", model=exp["model"],
+                     workers=exp["workers"], chunk_bytes=real, interfaces=exp["interfaces"],
+                     rack=_rack(config, 1, exp["workers"], exp["interfaces"], exp["link_gbps"], model_scale=s_m))
+
+
+def _multitenant(config: dict, exp: dict) -> Iterator[dict]:
+    per_job = exp["workers_per_job"]
+    yield _point(config, exp, "multitenant", f"{exp['model']}-j2", system="phub", model=exp["model"],
+                 workers=2 * per_job, interfaces=exp["interfaces"], compute="zero", jobs=2,
+                 rack=_rack(config, 1, 2 * per_job, exp["interfaces"], exp["link_gbps"]))
+
+
+def _calibration(config: dict, exp: dict) -> Iterator[dict]:
+    """One server core's chunk rate, compute removed, links unshaped (loopback, whatever the
+    network): what limits a server here, for the capacity claim."""
+    for kb in exp["chunk_kb"]:
+        point = _point(dict(config, network="loopback"), exp, "calibration", f"c{kb:g}k", system="phub",
+                       model=exp["model"], workers=exp["workers"], compute="zero", cores=1,
+                       chunk_bytes=int(kb * 1024))
+        yield point
 
 
 GENERATORS = {"pbox": _pbox, "capacity": _capacity, "scaling": _scaling, "cross_rack": _cross_rack,
-              "oversubscription": _oversubscription, "breakdown": _breakdown, "chunk_sweep": _chunk_sweep}
+              "oversubscription": _oversubscription, "breakdown": _breakdown, "chunk_sweep": _chunk_sweep,
+              "multitenant": _multitenant, "calibration": _calibration}
 
 
 def points(config: dict) -> List[dict]:
@@ -116,3 +183,11 @@ def points(config: dict) -> List[dict]:
 def by_key(config: dict) -> Dict[str, dict]:
     """Points keyed by "experiment/id" (the wildcard path the workflow uses)."""
     return {f"{p['experiment']}/{p['id']}": p for p in points(config)}
+
+
+def shapes(config: dict) -> Dict[str, List[dict]]:
+    """Points grouped by rack spec, in grid order: one rack per group."""
+    groups: Dict[str, List[dict]] = {}
+    for p in points(config):
+        groups.setdefault(p["shape"], []).append(p)
+    return groups

@@ -1,0 +1,267 @@
+"""What bounded a run: the machine's cores or the emulated network.
+
+On one machine every process of every node shares its cores, so a point can measure the CPU
+instead of the network. While a run's processes work, a `Monitor` thread in the runner samples,
+every `PERIOD` seconds, the machine's busy CPU time (/proc/stat), the CPU time of every process
+started under the runner (/proc/PID/stat) and the byte counters of every network namespace those
+processes live in (/proc/PID/net/dev: a node's own links). After the run, `summarize` cuts the
+samples to the timed iterations the workers report (their `window`, CLOCK_MONOTONIC, the same
+clock in every process) and works out:
+
+* ``cpu_busy``: the fraction of all cores busy, less the CPU the workers spent on the oracle
+  check (outside the timing, but inside the window);
+* ``busiest_process`` / ``busiest_process_cpu``: the process that used the most CPU, in cores
+  (a single-threaded Python process cannot go much past 1.0);
+* ``link_utilization``: the busiest link direction of a worker or server node, bytes x 8 /
+  (configured rate x timed seconds) (None on loopback, where links have no rate);
+* ``service_cpu``: the CPU of the processes that are not workers (servers, schedulers), in cores;
+* ``bound``: ``cpu`` when either CPU figure is >= CPU_BOUND, ``mixed`` when >= CPU_MIXED (unless
+  a link ran nearly full), else ``wire`` (the emulated testbed, its links and the replayed GPU,
+  set the pace, not this machine).
+
+Sampling and summarizing are apart: `summarize` is a pure function of the samples, tested with
+made-up ones.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+PERIOD = 0.2  # seconds between samples: fine enough for windows of a few seconds, ~1% of a core
+CPU_BOUND = 0.85  # a CPU figure at or above this: the point measured this machine's CPU
+CPU_MIXED = 0.6  # between this and CPU_BOUND: the cores were busy enough to slow some steps
+LINK_FULL = 0.85  # a link this busy was the bottleneck, whatever the cores did below CPU_BOUND
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass
+class Sample:
+    t: float  # time.monotonic()
+    busy: float  # machine CPU seconds busy so far (all cores)
+    procs: Dict[int, Tuple[float, str]] = field(default_factory=dict)  # pid -> (CPU seconds, name)
+    links: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # "ns/iface" -> (rx, tx) bytes
+    pid_ns: Dict[int, str] = field(default_factory=dict)  # pid -> network namespace id
+
+
+def _machine_busy() -> float:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / TICK  # user..steal (guest time is already in user)
+
+
+def _stat(pid: int) -> Optional[Tuple[int, float]]:
+    """(parent pid, CPU seconds) of a process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return int(rest[1]), (int(rest[11]) + int(rest[12])) / TICK
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    words = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
+    if "-m" in words and words.index("-m") + 2 <= len(words) - 1 + 1:
+        words = words[words.index("-m") + 1:]  # "python -m phub server ...": the module and its command
+    return " ".join(words[:2]).replace(",", " ")[:60]
+
+
+def _net_dev(pid: int) -> Dict[str, Tuple[int, int]]:
+    try:
+        with open(f"/proc/{pid}/net/dev") as f:
+            lines = f.readlines()[2:]
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        iface, _, counters = line.partition(":")
+        values = counters.split()
+        if iface.strip() != "lo" and len(values) >= 9:
+            out[iface.strip()] = (int(values[0]), int(values[8]))
+    return out
+
+
+def _descendants(root: int) -> List[int]:
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat:
+                children.setdefault(stat[0], []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def take_sample(root: int, names: Dict[int, str]) -> Sample:
+    """One sample of the machine and of every process below `root` (names cached in `names`)."""
+    sample = Sample(time.monotonic(), _machine_busy())
+    seen_ns: Dict[str, int] = {}
+    for pid in _descendants(root):
+        stat = _stat(pid)
+        if stat is None:
+            continue
+        if pid not in names:
+            names[pid] = _name(pid)
+        sample.procs[pid] = (stat[1], names[pid])
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            continue
+        sample.pid_ns[pid] = ns
+        if ns not in seen_ns:
+            seen_ns[ns] = pid
+            for iface, counters in _net_dev(pid).items():
+                sample.links[f"{ns}/{iface}"] = counters
+    return sample
+
+
+class Monitor:
+    """Samples in a background thread from `start()` to `stop()`; `samples` holds them."""
+
+    def __init__(self, root: Optional[int] = None, period: float = PERIOD):
+        self.root = os.getpid() if root is None else root
+        self.period = period
+        self.samples: List[Sample] = []
+        self._names: Dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="phub-monitor", daemon=True)
+
+    def start(self) -> "Monitor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> List[Sample]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+    def __enter__(self) -> "Monitor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.samples.append(take_sample(self.root, self._names))
+            except OSError:  # /proc raced with an exiting process: the next sample will do
+                pass
+            if self._stop.wait(self.period):
+                self.samples.append(take_sample(self.root, self._names))
+                return
+
+
+def _at(samples: Sequence[Sample], t: float, value) -> Optional[float]:
+    """`value(sample)` linearly interpolated at time t (None where a sample lacks it)."""
+    before = [s for s in samples if s.t <= t and value(s) is not None]
+    after = [s for s in samples if s.t >= t and value(s) is not None]
+    if not before or not after:
+        return None
+    a, b = before[-1], after[0]
+    va, vb = value(a), value(b)
+    if b.t == a.t:
+        return float(va)
+    return va + (vb - va) * (t - a.t) / (b.t - a.t)
+
+
+def _delta(samples: Sequence[Sample], start: float, end: float, value) -> Optional[float]:
+    first, last = _at(samples, start, value), _at(samples, end, value)
+    if first is None or last is None:
+        return None
+    return last - first
+
+
+def classify(cpu_busy: Optional[float], busiest_cpu: Optional[float], link: Optional[float] = None) -> str:
+    """wire | mixed | cpu from the two CPU figures (see the module docstring); a point whose
+    busiest link ran at >= LINK_FULL of its rate is wire-bound unless the cores were saturated."""
+    worst = max(x for x in (cpu_busy, busiest_cpu, 0.0) if x is not None)
+    if worst >= CPU_BOUND:
+        return "cpu"
+    if worst >= CPU_MIXED and not (link is not None and link >= LINK_FULL):
+        return "mixed"
+    return "wire"
+
+
+def block(ranks: Sequence[Mapping], first: int, count: int) -> List[dict]:
+    """Each rank's view of its timed iterations first..first+count-1, as `summarize` takes it:
+    pid, rank, window (start, end), paused and verify_cpu (its oracle checks' wall and CPU)."""
+    views = []
+    for r in ranks:
+        stamps, checks = r.get("stamps"), r.get("checks")
+        if not stamps or checks is None or len(stamps) < first + count + 1:
+            views.append({"rank": r.get("rank"), "pid": r.get("pid"), "window": None})
+            continue
+        inside = checks[first:first + count]
+        views.append({"rank": r["rank"], "pid": r.get("pid"), "window": (stamps[first], stamps[first + count]),
+                      "paused": sum(c[0] for c in inside), "verify_cpu": sum(c[1] for c in inside)})
+    return views
+
+
+def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
+              host_mbit: Optional[float] = None, server_mbit: Optional[float] = None) -> dict:
+    """The bound figures of one run. `ranks`: each worker's result with `pid`, `window` [start,
+    end] of its timed iterations, `paused` (seconds of oracle checks inside it) and `verify_cpu`
+    (their CPU seconds). Returns {} when the samples do not cover the window."""
+    windows = [r.get("window") for r in ranks]
+    if not samples or not windows or any(w is None for w in windows):
+        return {}
+    start, end = max(w[0] for w in windows), min(w[1] for w in windows)
+    paused = max(float(r.get("paused", 0.0)) for r in ranks)
+    timed = (end - start) - paused
+    if timed <= 0 or samples[0].t > start or samples[-1].t < end:
+        return {}
+    busy = _delta(samples, start, end, lambda s: s.busy)
+    verify_cpu = sum(float(r.get("verify_cpu", 0.0)) for r in ranks)
+    # at most 1: on windows a few samples long, interpolation can overshoot
+    cpu_busy = min(1.0, max(0.0, busy - verify_cpu) / (cores * timed)) if busy is not None else None
+    rank_of = {int(r["pid"]): int(r["rank"]) for r in ranks if r.get("pid") is not None}
+    verify_of = {int(r["pid"]): float(r.get("verify_cpu", 0.0)) for r in ranks if r.get("pid") is not None}
+    pids = {pid for s in samples for pid in s.procs}
+    usage: Dict[int, float] = {}
+    for pid in pids:
+        used = _delta(samples, start, end, lambda s, p=pid: s.procs[p][0] if p in s.procs else None)
+        if used is not None:
+            usage[pid] = max(0.0, used - verify_of.get(pid, 0.0)) / timed
+    busiest = max(usage, key=usage.get) if usage else None
+    name = ""
+    if busiest is not None:
+        name = (f"rank {rank_of[busiest]}" if busiest in rank_of
+                else next(s.procs[busiest][1] for s in samples if busiest in s.procs))
+    link = None
+    if host_mbit:
+        worker_ns = {s.pid_ns[p] for s in samples for p in rank_of if p in s.pid_ns}
+        other_ns = {ns for s in samples for p, ns in s.pid_ns.items() if p not in rank_of} - worker_ns
+        busiest_link = []
+        for ns_set, mbit in ((worker_ns, host_mbit), (other_ns, server_mbit)):
+            if not mbit:
+                continue
+            for key in {k for s in samples for k in s.links if k.split("/", 1)[0] in ns_set}:
+                for i in (0, 1):  # rx, tx
+                    moved = _delta(samples, start, end, lambda s, k=key, i=i: s.links[k][i] if k in s.links else None)
+                    if moved is not None:
+                        busiest_link.append(moved * 8 / (mbit * 1e6 * timed))
+        link = max(busiest_link) if busiest_link else None
+    busiest_cpu = usage.get(busiest) if busiest is not None else None
+    service = sum(u for pid, u in usage.items() if pid not in rank_of) if usage else None
+    return {"cpu_busy": _round(cpu_busy), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
+            "service_cpu": _round(service), "link_utilization": _round(link),
+            "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed)}
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(float(x), 4)

@@ -1,0 +1,105 @@
+"""Two jobs on one PBox: does one slow the other beyond its share of the links?
+
+On an emulated rack whose workers split into two jobs (ranks 0..W/2-1 and W/2..W-1 of the rack),
+one phub server on the PBox serves both, each job with its own id and token. `run_jobs` runs one
+or both jobs at once on a fresh server; `run_tenants` times job 1 alone, then both together, per
+repeat. A job's *share* is what the links leave it when both run: a worker's own link carries its
+job's bytes alone, a PBox NIC carries 1/K of every running worker's bytes, so with W workers on K
+NICs running together a job needs max(1, W / K) times as long as alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from phub.config import JobSpec, ServerConfig
+from phub.errors import PHubError
+from phub.launch import start_server, stop_processes, worker_env
+
+from .models import load_model, scaled
+from .monitor import Monitor, block, summarize
+from .worker import ENV_PARAMS
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ((1, "tenant-one"), (2, "tenant-two"))
+WORKER_CLASS = "experiments.systems.phub:PHubWorker"
+
+
+def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, timeout: float) -> Dict[int, List[dict]]:
+    """Run `jobs` (job ids) at once on one server on the PBox; {job id: its ranks' results}.
+    Blocks until every worker is done; raises PHubError naming a failed worker or job."""
+    half = len(cluster.workers) // 2
+    config = ServerConfig(jobs=tuple(JobSpec(job, half, token) for job, token in JOBS if job in jobs),
+                          interfaces=cluster.servers[0].addresses, cores=1, once=True, timeout=timeout)
+    server, address = start_server(cluster.servers[0], config)
+    workers = []
+    try:
+        for index, (job, token) in enumerate(JOBS):
+            if job not in jobs:
+                continue
+            job_out = os.path.join(out_dir, f"job{job}")
+            os.makedirs(job_out, exist_ok=True)
+            for rank in range(half):
+                node = cluster.workers[index * half + rank]
+                env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_env(address, rank, half, job, token, timeout),
+                           **{ENV_PARAMS: json.dumps(dict(params, out_dir=job_out))})
+                workers.append(subprocess.Popen(node.argv([sys.executable, "-m", "experiments.worker"]), env=env,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                                start_new_session=True))
+        for proc in workers:
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise PHubError(f"a worker failed (status {proc.returncode}): {err.decode()[-2000:]}")
+    finally:
+        stop_processes(workers + [server])
+    results = {}
+    for job in jobs:
+        ranks = [json.loads(Path(out_dir, f"job{job}", f"rank{r}.json").read_text()) for r in range(half)]
+        if not all(r["verified"] for r in ranks):
+            raise PHubError(f"job {job}: results did not verify")
+        results[job] = ranks
+    return results
+
+
+def seconds_per_iteration(ranks: List[dict]) -> float:
+    """Median over iterations of the slowest rank's time."""
+    return statistics.median(max(r["seconds"][i] for r in ranks) for i in range(len(ranks[0]["seconds"])))
+
+
+def run_tenants(rack, point: dict, log, timeout: float = 300.0) -> List[dict]:
+    """The multitenant point on `rack` (up): per repeat, job 1 alone, then both jobs at once.
+    One runner-style row per job and run, with `variant` alone | shared, `job` and `share`."""
+    cluster = rack.cluster
+    if cluster.hierarchical or len(cluster.workers) % 2:
+        raise PHubError("the multitenant point needs one rack with an even number of workers")
+    scale = cluster.extra["scale"]
+    params = {"model": point["model"], "scale": scale, "compute": "zero", "variant": "full",
+              "iterations": point["iterations"], "warmup": point["warmup"], "verify": True,
+              "worker_class": WORKER_CLASS}
+    half, nics = len(cluster.workers) // 2, len(cluster.servers[0].addresses)
+    share = max(1.0, len(cluster.workers) / nics)
+    nbytes = scaled(load_model(point["model"]), scale).bytes
+    rates = cluster.extra.get("configured_mbit", {})
+    rows = []
+    for repeat in range(point["repeats"]):
+        for variant, jobs in (("alone", (1,)), ("shared", (1, 2))):
+            with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out, Monitor() as monitor:
+                results = run_jobs(cluster, jobs, params, out, timeout)
+            everyone = [r for job in jobs for r in results[job]]
+            bound = summarize(monitor.samples, block(everyone, 0, point["iterations"]), os.cpu_count() or 1,
+                              rates.get("host"), rates.get("pbox_nic"))
+            for job in jobs:
+                rows.append({"workers": half, "job": job, "share": share if variant == "shared" else 1.0,
+                             "variant": variant, "repeat": repeat, "bytes_per_worker": nbytes,
+                             "seconds_per_iteration": seconds_per_iteration(results[job]), "verified": True,
+                             "verify_kind": "oracle", "cluster": dict(cluster.extra), "bound": bound})
+            print(f"multitenant: repeat {repeat} {variant}: "
+                  + ", ".join(f"job {j} {rows[-len(jobs) + i]['seconds_per_iteration'] * 1e3:.1f} ms"
+                              for i, j in enumerate(jobs)), file=log, flush=True)
+    return rows

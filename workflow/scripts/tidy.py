@@ -1,0 +1,78 @@
+"""One tidy CSV row per repeat of a point: the point's settings beside what the run measured.
+
+Kept apart from the runner so the columns are defined once (analysis.results reads them).
+"""
+from __future__ import annotations
+
+import math
+import platform
+import subprocess
+
+COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
+           "chunk_bytes_paper", "chunks_per_worker", "oversubscription", "network", "queueing", "setting",
+           "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
+           "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
+           "verify_kind", "bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "service_cpu",
+           "link_utilization", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except OSError:
+        return ""
+
+
+def chunks_per_worker(model: str, scale, chunk_bytes: int) -> int:
+    """How many chunks one worker pushes per exchange (every array cut at chunk_bytes)."""
+    from experiments.models import load_model, scaled
+
+    per_chunk = max(1, chunk_bytes // 4)
+    return sum(math.ceil(a.elements / per_chunk) for a in scaled(load_model(model), scale).arrays)
+
+
+def _host_rate(extra: dict, key: str) -> float:
+    if key == "configured":
+        return float(extra.get("configured_mbit", {}).get("host", 0))
+    return float(extra.get("measured_mbit", {}).get("host", {}).get("mean_mbit", 0))
+
+
+def tidy_row(point: dict, result: dict, commit: str, shared_with: str = "") -> dict:
+    """The CSV row of one repeat: `result` is a runner row (experiments.runner)."""
+    extra = result.get("cluster", {}) or {}  # an emulated rack's facts; empty on loopback
+    scale = extra.get("scale", {})
+    bound = result.get("bound") or {}
+    chunks = chunks_per_worker(point["model"], scale or None, point["chunk_bytes"])
+    seconds = result["seconds_per_iteration"]
+    rate = ""
+    if point["experiment"] == "calibration" and bound.get("service_cpu"):
+        # one server core's chunk rate: chunks it handled per second of its own CPU
+        rate = round(point["workers"] * chunks / seconds / bound["service_cpu"], 1)
+    verify_kind = result.get("verify_kind") or "none"
+    return {
+        "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
+        "workers": result.get("workers", point["workers"]), "racks": point["racks"], "interfaces": point["interfaces"],
+        "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "chunk_bytes_paper": point["chunk_bytes_paper"],
+        "chunks_per_worker": chunks, "oversubscription": point["oversubscription"],
+        "network": point["network"], "queueing": extra.get("queueing", ""), "setting": point["setting"],
+        "link_gbps": _host_rate(extra, "configured") / 1000 if extra else "",
+        "link_gbps_measured": _host_rate(extra, "measured") / 1000 if extra else "",
+        "s_n": scale.get("network", 1), "s_m": scale.get("model", 1), "s_t": scale.get("time", 1),
+        "compute": point["compute"], "variant": result.get("variant") or point["variant"], "job": result.get("job", ""),
+        "share": result.get("share", ""), "repeat": result.get("repeat", 0),
+        "seconds_per_iteration": seconds,
+        # every worker completes one exchange per iteration: the rate of the whole job
+        "exchanges_per_s": result.get("workers", point["workers"]) / seconds,
+        "samples_per_s": result.get("samples_per_s", ""), "bytes_per_worker": result["bytes_per_worker"],
+        "verified": result.get("verified", False), "verify_kind": verify_kind,
+        "bound": bound.get("bound", ""), "cpu_busy": _opt(bound.get("cpu_busy")),
+        "busiest_process": bound.get("busiest_process", ""),
+        "busiest_process_cpu": _opt(bound.get("busiest_process_cpu")), "service_cpu": _opt(bound.get("service_cpu")),
+        "link_utilization": _opt(bound.get("link_utilization")), "chunks_per_s_per_core": rate,
+        "shared_with": shared_with, "measurement": point["measurement"], "git_commit": commit, "host": platform.node(),
+    }
+
+
+def _opt(value):
+    return "" if value is None else value
