@@ -11,6 +11,7 @@ import pandas as pd
 
 from . import reference as reference_data
 from .claims import all_claims
+from .derive import failed_verification
 from .figures import FIGURES
 from .output import write_text
 from .results import Results
@@ -63,8 +64,14 @@ def facts(runs: pd.DataFrame) -> str:
              f"- scale factors: s_n = {_values(runs, 's_n')}; s_m = {_values(runs, 's_m')}; "
              f"s_t = {_values(runs, 's_t')}",
              f"- hosts: {_values(runs, 'host')}; git commits: {_values(runs, 'git_commit')}"]
-    unverified = int((runs["verified"] == False).sum())  # noqa: E712 (a nullable boolean column)
-    lines.append(f"- runs whose results were not verified: {unverified}" + (" **(check these)**" if unverified else ""))
+    failed = int(failed_verification(runs).sum())
+    lines.append(f"- runs that failed verification (left out of every number): {failed}"
+                 + (" **(check these)**" if failed else ""))
+    nothing = int((runs["verify_kind"] == "none").sum()) if "verify_kind" in runs else 0
+    lines.append(f"- runs with nothing to verify (verify_kind none, kept): {nothing}")
+    bound = runs["bound"].fillna("").replace("", "not recorded") if "bound" in runs else None
+    if bound is not None:
+        lines.append("- runs by what bounded them: " + ", ".join(f"{b} {n}" for b, n in sorted(Counter(bound).items())))
     links = runs.dropna(subset=["link_gbps"])
     if not links.empty:
         lines += ["", "Link rates (Gbps), configured vs measured (median over runs):", "",
