@@ -97,14 +97,15 @@ class Evidence:
             return f"{present[0][0]} ({present[0][1]})"
         return " / ".join(f"{b} {n}" for b, n in present)
 
-    def notes(self) -> List[str]:
-        """The sentences the reason column carries for these rows."""
+    def notes(self, bounds: bool = True) -> List[str]:
+        """The sentences the reason column carries for these rows (without what bounded them when
+        `bounds` is False: a derived row's inputs, e.g. a calibration that measures the CPU itself)."""
         out = []
-        if self.cpu_points:
+        if bounds and self.cpu_points:
             out.append(f"{CPU_MARK} ({len(self.cpu_points)} of {self.points} points: {_names(self.cpu_points)}).")
-        if self.mixed_points:
+        if bounds and self.mixed_points:
             out.append(f"Mixed-bound points: {_names(self.mixed_points)}.")
-        if self.bounds.get("unknown"):
+        if bounds and self.bounds.get("unknown"):
             out.append(f"Bound not recorded for {self.bounds['unknown']} of {self.points} points.")
         if self.dropped:
             out.append(f"{self.dropped} run(s) dropped: they failed verification.")
@@ -232,8 +233,8 @@ class Claim:
             parts.append(f"Derived: {self.method}" if self.method else "Derived.")
             ratio = f" (ours / paper {self.ratio:.2f})" if self.ratio is not None else ""
             parts.append(f"By the rule it would {self.comparison}{ratio}, but it is not a measurement.")
-        if self.evidence is not None and self.basis == MEASURED:
-            parts += self.evidence.notes()
+        if self.evidence is not None:
+            parts += self.evidence.notes(bounds=self.basis == MEASURED)
         parts.append(self.note)
         return " ".join(p.strip() for p in parts if p and p.strip())
 

@@ -212,3 +212,28 @@ def test_paper_only_rows_for_the_characterization():
     claims = claims_of([])
     assert one(claims, "AlexNet on V100: GPU active 0.01 s of 0.50 s per iteration (share active)").verdict == PAPER_ONLY
     assert any(c.claim.startswith("ResNet-269 on V100: 64.57 samples/s") for c in claims)
+
+
+def test_cli_on_an_empty_results_dir(tmp_path, capsys):
+    from analysis import __main__ as cli
+    empty, figures = tmp_path / "results", tmp_path / "figures"
+    empty.mkdir()
+    figures.mkdir()
+    for name in report.FIGURES:
+        (figures / f"{name}.png").write_bytes(PNG)
+    out = tmp_path / "report.md"
+    assert cli.main(["report", "--results", str(empty), "--figures", str(figures), "--out", str(out)]) == 0
+    assert "0 measured agree, 0 measured differ" in out.read_text()
+    args = ["check", "--results", str(empty), "--figures", str(figures), "--report", str(out)]
+    assert cli.main(args + ["--min-measured", "0"]) == 0
+    assert cli.main(args) == 1 and "claims have a measured value" in capsys.readouterr().err
+
+
+def test_derived_rows_from_measurements_say_what_was_dropped():
+    rows = repeats(experiment="calibration", model="", chunk_bytes=32768, chunks_per_s_per_core=150_000.0,
+                   gbit_per_s_per_core=39.3, point="cal", bound="cpu")
+    rows += [row(experiment="calibration", model="", chunk_bytes=32768, chunks_per_s_per_core=1.0, repeat=7,
+                 point="cal", verified=False)]
+    pbox = one(claims_of(rows), "One PBox serves ~120 ResNet-50 workers")
+    assert pbox.verdict == DERIVED and "150,000 chunks/s" in pbox.reason
+    assert "1 run(s) dropped" in pbox.reason and CPU_MARK not in pbox.reason and pbox.bound == "—"

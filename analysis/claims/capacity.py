@@ -45,7 +45,7 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                              f"is the one measured, {per_rack:g} workers per rack sharing one PBox, and the PBox's "
                              "share of the cost falls as racks grow (the paper's rack size was not recovered)."),
                      note="The printed per-$1000 values give 1.36 (36% better), while the poster's headline "
-                          "says 25%."))
+                          "says 25%.", evidence=runs.evidence("oversubscription", **where)))
     return out
 
 
@@ -77,6 +77,7 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
         value, method = pbox_workers(calibration, model, ref)
         out.append(Claim(SECTION, text, paper, value, basis=DERIVED_BASIS, method=method,
                          why="" if method else "No calibration runs (one server core's chunk rate).",
+                         evidence=runs.evidence("calibration"),
                          note="The poster says VGG without the depth; VGG-19 is assumed." if model == "vgg19" else ""))
     return out
 
