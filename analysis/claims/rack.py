@@ -72,8 +72,11 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
         here = measured["racks"] == r.racks
         if here.any():
             reason = why
-        elif len(measured):
+        elif len(measured) and r.racks > measured["racks"].max():
             reason = f"not run: the grid stops at {int(measured['racks'].max())} racks."
+        elif len(measured):
+            grid = ", ".join(str(int(k)) for k in sorted(measured["racks"].unique()))
+            reason = f"not run: the grid has {grid} racks."
         elif len(ours):
             reason = f"not run: no {r.model} cross-rack runs (the grid has {', '.join(sorted(ours['model'].unique()))})."
         else:
