@@ -210,7 +210,8 @@ def test_bad_bound_value_names_file_and_column(tmp_path):
 
 def test_paper_only_rows_for_the_characterization():
     claims = claims_of([])
-    assert one(claims, "AlexNet on V100: GPU active 0.01 s of 0.50 s per iteration (share active)").verdict == PAPER_ONLY
+    v100 = one(claims, "AlexNet on V100: GPU active 0.01 s of 0.50 s per iteration (share active)")
+    assert v100.verdict == PAPER_ONLY and v100.paper == pytest.approx(0.02)
     assert any(c.claim.startswith("ResNet-269 on V100: 64.57 samples/s") for c in claims)
 
 

@@ -78,7 +78,8 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
             grid = ", ".join(str(int(k)) for k in sorted(measured["racks"].unique()))
             reason = f"not run: the grid has {grid} racks."
         elif len(ours):
-            reason = f"not run: no {r.model} cross-rack runs (the grid has {', '.join(sorted(ours['model'].unique()))})."
+            models = ", ".join(sorted(ours["model"].unique()))
+            reason = f"not run: no {r.model} cross-rack runs (the grid has {models})."
         else:
             reason = "No cross-rack runs of phub with one rack and more."
         where = dict(system="phub", model=r.model, racks=[1, r.racks])
