@@ -39,16 +39,19 @@ def median(frame: pd.DataFrame, by, value: str) -> pd.DataFrame:
     return frame.groupby(by, dropna=False)[value].median().reset_index()
 
 
-def speedups(runs: pd.DataFrame) -> pd.DataFrame:
+def speedups(runs: pd.DataFrame, workers: Optional[int] = None) -> pd.DataFrame:
     """samples/s of each system over pslite-shard's median for the same model, setting and worker
     count. Only the largest worker count measured per (model, setting) is kept, because that is
-    the closest to the paper's 8."""
+    the closest to the paper's 8; with `workers`, only that count (every model measured there)."""
     pbox = experiment(runs, "pbox").dropna(subset=["samples_per_s"])
     keys = ["model", "setting", "workers"]
     base = pbox[pbox["system"] == BASELINE].groupby(keys)["samples_per_s"].median().rename("baseline")
     out = pbox[pbox["system"] != BASELINE].join(base, on=keys).dropna(subset=["baseline"])
     out["speedup"] = out["samples_per_s"] / out["baseline"]
-    out = out[out["workers"] == out.groupby(["model", "setting"])["workers"].transform("max")]
+    if workers is not None:
+        out = out[out["workers"] == workers]
+    else:
+        out = out[out["workers"] == out.groupby(["model", "setting"])["workers"].transform("max")]
     return out[["model", "setting", "workers", "system", "repeat", "speedup"]].reset_index(drop=True)
 
 

@@ -238,3 +238,24 @@ def test_derived_rows_from_measurements_say_what_was_dropped():
     pbox = one(claims_of(rows), "One PBox serves ~120 ResNet-50 workers")
     assert pbox.verdict == DERIVED and "150,000 chunks/s" in pbox.reason
     assert "1 run(s) dropped" in pbox.reason and CPU_MARK not in pbox.reason and pbox.bound == "—"
+
+
+def test_per_model_speedup_uses_eight_workers_even_when_more_were_run():
+    rows = speedup_rows(phub=3.3, workers=8) + speedup_rows(phub=9.9, workers=16)
+    claims = claims_of(rows)
+    assert one(claims, "PHub, alexnet, cloud10g").ours == pytest.approx(3.3)
+    headline = one(claims, "PHub up to 3.9x over stock MXNet (10 Gbps cloud, best model: resnet18)")
+    assert headline.ours == pytest.approx(9.9) and "ours at 16 workers" in headline.reason
+
+
+def test_scaling_cause_names_the_worker_count():
+    rows = []
+    for system, rate in (("phub", 100.0), ("pshard", 10.0)):
+        for workers in (1, 4):
+            rows += repeats(experiment="scaling", system=system, workers=workers, exchanges_per_s=rate * workers,
+                            compute="zero", point=f"{system}-{workers}")
+    claims = claims_of(rows)
+    top = one(claims, "Up to 27x better than the weakest baseline with 8 workers")
+    assert top.verdict == DIFFER and "worker count 4, paper 8" in top.reason
+    pair = one(claims, "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
+    assert pair.verdict == DIFFER and "worker count" not in pair.reason and "Cause unknown." in pair.reason

@@ -46,17 +46,19 @@ def speedup_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
     for setting, words in SETTING_WORDS.items():
         out.append(_ranking_claim(runs, paper[paper["network"] == setting], ours[ours["setting"] == setting],
                                   setting, words, differ))
+    at_eight = derive.speedups(runs.rows, workers=PAPER_WORKERS)
+    measured = experiment_counts(runs.kept("pbox"))
     for row in paper[paper["system"].isin(["PHub", "PShard"])].itertuples():
         system = PAPER_TO_OURS[row.system]
-        mine = ours[(ours["system"] == system) & (ours["setting"] == row.network) & (ours["model"] == row.model)]
-        at_paper = mine[mine["workers"] == PAPER_WORKERS]
+        at_paper = at_eight[(at_eight["system"] == system) & (at_eight["setting"] == row.network)
+                            & (at_eight["model"] == row.model)]
+        mine = measured.get((system, row.network, row.model), [])
         where = dict(setting=row.network, model=row.model, system=[system, derive.BASELINE],
                      workers=PAPER_WORKERS)
         if len(at_paper):
             why = differ
-        elif len(mine):
-            why = (f"Measured at {', '.join(str(int(w)) for w in sorted(mine['workers'].unique()))} workers "
-                   f"only; the paper's count is {PAPER_WORKERS}.")
+        elif mine:
+            why = f"Measured at {', '.join(map(str, mine))} workers only; the paper's count is {PAPER_WORKERS}."
         else:
             why = "Not measured in this run."
         out.append(Claim(SECTION, f"{row.system}, {row.model}, {row.network}", float(row.speedup),
@@ -81,3 +83,15 @@ def _ranking_claim(runs: Runs, paper: pd.DataFrame, ours: pd.DataFrame, setting:
                  why=differ if our_medians else "No runs in this setting.",
                  note=f"Ours at {', '.join(map(str, workers))} workers." if workers else "",
                  cause=causes(runs.kept("pbox", **where)), evidence=runs.evidence("pbox", **where))
+
+
+def experiment_counts(pbox: pd.DataFrame) -> Dict[tuple, List[int]]:
+    """(system, setting, model) -> the worker counts at which both it and stock MXNet ran."""
+    base = pbox[pbox["system"] == derive.BASELINE]
+    base_counts = {k: set(int(w) for w in g["workers"].dropna()) for k, g in base.groupby(["setting", "model"])}
+    out: Dict[tuple, List[int]] = {}
+    for (system, setting, model), g in pbox.groupby(["system", "setting", "model"]):
+        counts = set(int(w) for w in g["workers"].dropna()) & base_counts.get((setting, model), set())
+        if counts:
+            out[(system, setting, model)] = sorted(counts)
+    return out

@@ -33,14 +33,16 @@ def scaling_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
             return NAN
         return float(mine[a] / (mine[b] if b else mine.drop(a).min()))
 
-    def claim(text, paper_value, value, kind="ratio", missing="", note="Paper values chart-read.", **where):
+    def claim(text, paper_value, value, kind="ratio", missing="", note="Paper values chart-read.", paper_n=n,
+              **where):
         where = {"workers": top, **where}
         return Claim(SCALING, text, paper_value, value, kind, why=why if not missing else missing, note=note,
-                     cause=causes(runs.kept("scaling", **where)), evidence=runs.evidence("scaling", **where))
+                     cause=causes(runs.kept("scaling", **where), paper_n),
+                     evidence=runs.evidence("scaling", **where))
 
     weakest = f"Weakest of ours: {mine.drop('phub').idxmin()}." if "phub" in mine and len(mine) > 1 else ""
     out = [claim("Up to 27x better than the weakest baseline with 8 workers", 27.0, ratio("phub", None),
-                 missing="" if "phub" in mine else "No phub scaling runs.",
+                 missing="" if "phub" in mine else "No phub scaling runs.", paper_n=PAPER_WORKERS,
                  note=(f"Ours at {top} workers. " if top != 8 else "") + weakest + " The chart-read values give "
                       f"at most {at8['PHub'] / at8.min():.1f}x, so the printed 27x may compare another setting.")]
     for other in ("PShard", "Gloo-Ring-Chunked", "PSLite-ZMQ-Shard"):
