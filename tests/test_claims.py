@@ -259,3 +259,9 @@ def test_scaling_cause_names_the_worker_count():
     assert top.verdict == DIFFER and "worker count 4, paper 8" in top.reason
     pair = one(claims, "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
     assert pair.verdict == DIFFER and "worker count" not in pair.reason and "Cause unknown." in pair.reason
+
+
+def test_a_row_whose_every_run_failed_verification_is_no_data_and_says_why():
+    rows = [dict(r, verified=False) for r in speedup_rows()]
+    c = one(claims_of(rows), "PHub, alexnet, cloud10g")
+    assert c.verdict == NO_DATA and "6 run(s) dropped: they failed verification." in c.reason

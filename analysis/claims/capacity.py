@@ -70,7 +70,10 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                  cause=causes(rows, paper_workers=0), evidence=runs.evidence("capacity", **where)),
            Claim(SECTION, "A PBox is capped by PCIe-to-cache transfers: ~1500 M cache-line transfers/s, of which "
                  "PHub uses 95%", 1500.0, None, "paper_only", unit=" M/s",
-                 why="Needs the PBox's hardware counters: paper value only.")]
+                 why="Needs the PBox's hardware counters: paper value only."),
+           Claim(SECTION, "Training keeps the PBox near that cap: ~1320 M cache-line transfers/s at 8 and 16 "
+                 "senders (VGG, 20 cores)", _chart(ref, "training"), None, "paper_only", unit=" M/s",
+                 why="Needs the PBox's hardware counters: paper value only.", note="Paper value chart-read.")]
     calibration = derive.calibration(runs.rows)
     for model, paper, text in (("resnet50", 120.0, "One PBox serves ~120 ResNet-50 workers"),
                                ("vgg19", 160.0, "One PBox serves ~160 VGG workers at batch 32 (SysML)")):
@@ -80,6 +83,11 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          evidence=runs.evidence("calibration"),
                          note="The poster says VGG without the depth; VGG-19 is assumed." if model == "vgg19" else ""))
     return out
+
+
+def _chart(ref: Dict[str, Table], series: str) -> float:
+    data = ref["pbox_capacity"].data
+    return float(data.loc[data["series"] == series, "million_lines_per_s"].max())
 
 
 def pbox_workers(calibration: pd.DataFrame, model: str, ref: Dict[str, Table]) -> Tuple[float, str]:
