@@ -22,8 +22,9 @@ COMPONENTS = ("compute", "aggregator", "optimizer", "network_and_other")  # name
 
 
 def failed_verification(runs: pd.DataFrame) -> pd.Series:
-    """True for runs whose result was checked and found wrong. Runs with verify_kind "none" have
-    nothing to check and are kept; an empty verify_kind (older files) counts as checked."""
+    """True for runs whose result was checked and found wrong (verify_kind oracle or workers_agree).
+    Runs with verify_kind "none" have nothing to check and are kept; an empty verify_kind (older
+    files) counts as checked, so a run that says it failed never feeds a number."""
     kind = runs["verify_kind"] if "verify_kind" in runs else pd.Series("", index=runs.index)
     return (runs["verified"] == False).fillna(False).astype(bool) & (kind.fillna("") != "none")  # noqa: E712
 

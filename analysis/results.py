@@ -34,7 +34,9 @@ SETTINGS = ("cloud10g", "ib56g", "")
 COMPUTE = ("zero", "replay", "real")
 VARIANTS = ("full", "no_aggregation", "no_optimizer", "no_compute", "alone", "shared", "")
 BOUNDS = ("wire", "cpu", "mixed", "")  # what limited a run: the emulated network, this machine's CPU, both
-VERIFY_KINDS = ("oracle", "none", "")  # oracle: checked against a reference; none: nothing to check
+# oracle: checked against a reference result; workers_agree (real compute): the workers' weights
+# checked against each other; none: nothing to check (e.g. a variant without the optimizer)
+VERIFY_KINDS = ("oracle", "workers_agree", "none", "")
 
 INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat", "chunk_bytes_paper",
            "chunks_per_worker", "job")

@@ -265,3 +265,11 @@ def test_a_row_whose_every_run_failed_verification_is_no_data_and_says_why():
     rows = [dict(r, verified=False) for r in speedup_rows()]
     c = one(claims_of(rows), "PHub, alexnet, cloud10g")
     assert c.verdict == NO_DATA and "6 run(s) dropped: they failed verification." in c.reason
+
+
+def test_workers_agree_verification_loads_and_drops_like_oracle(tmp_path):
+    rows = speedup_rows() + [row(samples_per_s=10_000.0, repeat=9, point="phub-alexnet-8", verified=False,
+                                 verify_kind="workers_agree")]
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    c = one(claims_mod.all_claims(results.load(tmp_path).runs, REF), "PHub, alexnet, cloud10g")
+    assert c.ours == pytest.approx(3.3) and "1 run(s) dropped" in c.reason
