@@ -22,11 +22,23 @@ COMPONENTS = ("compute", "aggregator", "optimizer", "network_and_other")  # name
 
 
 def failed_verification(runs: pd.DataFrame) -> pd.Series:
-    """True for runs whose result was checked and found wrong (verify_kind oracle or workers_agree).
-    Runs with verify_kind "none" have nothing to check and are kept; an empty verify_kind (older
-    files) counts as checked, so a run that says it failed never feeds a number."""
-    kind = runs["verify_kind"] if "verify_kind" in runs else pd.Series("", index=runs.index)
-    return (runs["verified"] == False).fillna(False).astype(bool) & (kind.fillna("") != "none")  # noqa: E712
+    """True for runs whose result was checked and found wrong: verified false where verification
+    applies (verify_kind oracle or workers_agree). Runs with verify_kind "none" have nothing to
+    check and are kept. Older files have no verify_kind, so a false `verified` there cannot tell a
+    failure from a run that was never checked: those runs are kept, and `unchecked` counts them
+    so that the report can say so."""
+    kind = runs["verify_kind"].fillna("") if "verify_kind" in runs else pd.Series("", index=runs.index)
+    return _not_verified(runs) & kind.isin(["oracle", "workers_agree"])
+
+
+def unchecked(runs: pd.DataFrame) -> pd.Series:
+    """True for runs with verified false and no verify_kind (older files; see failed_verification)."""
+    kind = runs["verify_kind"].fillna("") if "verify_kind" in runs else pd.Series("", index=runs.index)
+    return _not_verified(runs) & (kind == "")
+
+
+def _not_verified(runs: pd.DataFrame) -> pd.Series:
+    return (runs["verified"] == False).fillna(False).astype(bool)  # noqa: E712 (a nullable boolean column)
 
 
 def experiment(runs: pd.DataFrame, name: str) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from . import reference as reference_data
 from .claims import all_claims
-from .derive import failed_verification
+from .derive import failed_verification, unchecked
 from .figures import FIGURES
 from .output import write_text
 from .results import Results
@@ -69,6 +69,9 @@ def facts(runs: pd.DataFrame) -> str:
                  + (" **(check these)**" if failed else ""))
     nothing = int((runs["verify_kind"] == "none").sum()) if "verify_kind" in runs else 0
     lines.append(f"- runs with nothing to verify (verify_kind none, kept): {nothing}")
+    old = int(unchecked(runs).sum())
+    if old:
+        lines.append(f"- runs not verified whose file does not record verify_kind (older files, kept): {old}")
     bound = runs["bound"].fillna("").replace("", "not recorded") if "bound" in runs else None
     if bound is not None:
         lines.append("- runs by what bounded them: " + ", ".join(f"{b} {n}" for b, n in sorted(Counter(bound).items())))

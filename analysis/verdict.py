@@ -46,8 +46,9 @@ means that this run measured nothing for the claim (the reason says what is miss
 **paper only** means that the claim cannot be measured in this reproduction at all.
 The *bound* column says what limited each measured point: `wire` (the emulated network), `cpu`
 (this machine's CPU) or `mixed`. A row that uses a `cpu` point says "{CPU_MARK}": its verdict is
-kept but says nothing about the paper's system. Runs that failed verification are left out of every
-number, and the row says how many were dropped. Counts of workers and absolute rates depend on the
+kept but says nothing about the paper's system. Runs that failed verification (verify_kind oracle
+or workers_agree) are left out of every number, and the row says how many were dropped; runs with
+nothing to verify are kept, and the row says so. Counts of workers and absolute rates depend on the
 machine and on the scaling, so they are compared with the same ratio rule, and the reason column
 says why they cannot be expected to match."""
 
@@ -62,6 +63,7 @@ class Evidence:
     mixed_points: List[str] = field(default_factory=list)
     dropped: int = 0  # runs that failed verification
     unverifiable: int = 0  # runs with nothing to verify (verify_kind "none")
+    unchecked: int = 0  # runs with verified false and no verify_kind (older files): kept
 
     @classmethod
     def of(cls, kept: pd.DataFrame, dropped: Optional[pd.DataFrame] = None) -> "Evidence":
@@ -82,6 +84,8 @@ class Evidence:
                 out.mixed_points.append(point_name)
         if "verify_kind" in kept:
             out.unverifiable = int((kept["verify_kind"] == "none").sum())
+            out.unchecked = int(((kept["verify_kind"].fillna("") == "") & (kept["verified"] == False))  # noqa: E712
+                                .fillna(False).astype(bool).sum())
         return out
 
     @property
@@ -111,6 +115,9 @@ class Evidence:
             out.append(f"{self.dropped} run(s) dropped: they failed verification.")
         if self.unverifiable:
             out.append(f"{self.unverifiable} run(s) had nothing to verify (not verifiable).")
+        if self.unchecked:
+            out.append(f"{self.unchecked} run(s) not verified, and their file does not say whether verification "
+                       "applied (no verify_kind): kept.")
         return out
 
 

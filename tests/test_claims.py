@@ -273,3 +273,10 @@ def test_workers_agree_verification_loads_and_drops_like_oracle(tmp_path):
     pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
     c = one(claims_mod.all_claims(results.load(tmp_path).runs, REF), "PHub, alexnet, cloud10g")
     assert c.ours == pytest.approx(3.3) and "1 run(s) dropped" in c.reason
+
+
+def test_old_rows_without_verify_kind_are_kept_and_said_so():
+    rows = speedup_rows() + [row(samples_per_s=330.0, repeat=9, point="phub-alexnet-8", verified=False,
+                                 verify_kind="")]
+    c = one(claims_of(rows), "PHub, alexnet, cloud10g")
+    assert "dropped" not in c.reason and "1 run(s) not verified" in c.reason
