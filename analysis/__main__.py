@@ -6,8 +6,9 @@
 
 `figures` draws every figure (or those named with --only) into --out. `report` writes the claims
 report. Both write atomically. `check` verifies a finished run: every figure is there, every
-claim has its row in the report and at least N claims (default 1) were measured; it lists what
-is missing and exits 1. All three read every CSV under --results (see analysis.results).
+claim has its row in the report, no verdict lacks its data, every differ row names a cause, every
+row that uses CPU-bound points says so, and at least N rows (default 1) are measured (agree or
+differ; derived and paper-only rows never count); it lists what is wrong and exits 1. All three read every CSV under --results (see analysis.results).
 A malformed results file stops the command with exit status 2 and a message that names the file.
 """
 from __future__ import annotations
@@ -50,7 +51,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     chk.add_argument("--results", required=True, help="directory of tidy result CSVs")
     chk.add_argument("--figures", required=True, help="directory holding the figures")
     chk.add_argument("--report", required=True, help="the report file, e.g. results/report.md")
-    chk.add_argument("--min-measured", type=int, default=1, help="claims that must have a measured value")
+    chk.add_argument("--min-measured", type=int, default=1,
+                     help="rows that must be measured (agree or differ); derived and paper-only rows do not count")
     for sub in (fig, rep, chk):
         sub.add_argument("--compute-seconds", type=_compute_seconds, metavar="JSON",
                          help="compute seconds per iteration by model, for the bandwidth-per-PS numbers "

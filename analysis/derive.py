@@ -1,7 +1,8 @@
 """The quantities the figures plot and the report compares, derived from tidy run rows.
 
 Each function returns one row per measured repeat, so that figures can draw medians with
-interquartile ranges. The report uses `median`. Rows whose measurement is empty are dropped.
+interquartile ranges. The report uses `median`. Rows whose measurement is empty are dropped, and
+so are runs that failed verification (`failed_verification`): a wrong result is not a measurement.
 The figures and the report both use these functions, so the two always show the same numbers.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pandas as pd
 
 from .cost import deployment_cost, load_prices, tier
 from .reference import PAPER_MODEL, Table
-from .results import experiment
+from .results import experiment as _experiment
 
 BASELINE = "pslite-shard"  # the paper's "stock MXNet"
 PSLITE = ("pslite-central", "pslite-shard")  # the stock PS in the breakdown, first one present
@@ -20,21 +21,50 @@ PLACEMENTS = ("CC", "CS", "NCC", "NCS")
 COMPONENTS = ("compute", "aggregator", "optimizer", "network_and_other")  # named as in the paper
 
 
+def failed_verification(runs: pd.DataFrame) -> pd.Series:
+    """True for runs whose result was checked and found wrong: verified false where verification
+    applies (verify_kind oracle or workers_agree). Runs with verify_kind "none" have nothing to
+    check and are kept. Older files have no verify_kind, so a false `verified` there cannot tell a
+    failure from a run that was never checked: those runs are kept, and `unchecked` counts them
+    so that the report can say so."""
+    kind = runs["verify_kind"].fillna("") if "verify_kind" in runs else pd.Series("", index=runs.index)
+    return _not_verified(runs) & kind.isin(["oracle", "workers_agree"])
+
+
+def unchecked(runs: pd.DataFrame) -> pd.Series:
+    """True for runs with verified false and no verify_kind (older files; see failed_verification)."""
+    kind = runs["verify_kind"].fillna("") if "verify_kind" in runs else pd.Series("", index=runs.index)
+    return _not_verified(runs) & (kind == "")
+
+
+def _not_verified(runs: pd.DataFrame) -> pd.Series:
+    return (runs["verified"] == False).fillna(False).astype(bool)  # noqa: E712 (a nullable boolean column)
+
+
+def experiment(runs: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of one experiment that may feed a number: failed verification left out."""
+    rows = _experiment(runs, name)
+    return rows[~failed_verification(rows)]
+
+
 def median(frame: pd.DataFrame, by, value: str) -> pd.DataFrame:
     """Median of `value` per group, as a flat frame."""
     return frame.groupby(by, dropna=False)[value].median().reset_index()
 
 
-def speedups(runs: pd.DataFrame) -> pd.DataFrame:
+def speedups(runs: pd.DataFrame, workers: Optional[int] = None) -> pd.DataFrame:
     """samples/s of each system over pslite-shard's median for the same model, setting and worker
     count. Only the largest worker count measured per (model, setting) is kept, because that is
-    the closest to the paper's 8."""
+    the closest to the paper's 8; with `workers`, only that count (every model measured there)."""
     pbox = experiment(runs, "pbox").dropna(subset=["samples_per_s"])
     keys = ["model", "setting", "workers"]
     base = pbox[pbox["system"] == BASELINE].groupby(keys)["samples_per_s"].median().rename("baseline")
     out = pbox[pbox["system"] != BASELINE].join(base, on=keys).dropna(subset=["baseline"])
     out["speedup"] = out["samples_per_s"] / out["baseline"]
-    out = out[out["workers"] == out.groupby(["model", "setting"])["workers"].transform("max")]
+    if workers is not None:
+        out = out[out["workers"] == workers]
+    else:
+        out = out[out["workers"] == out.groupby(["model", "setting"])["workers"].transform("max")]
     return out[["model", "setting", "workers", "system", "repeat", "speedup"]].reset_index(drop=True)
 
 
@@ -192,3 +222,67 @@ def bandwidth_table(ref: Mapping[str, Table], models: Iterable[str],
         return bandwidth_per_ps(models, compute_seconds, label="given")
     return bandwidth_per_ps(models, paper_compute_seconds(ref["breakdown_mxnet_ps"]),
                             label="paper, chart-read")
+
+
+def paper_chunk_bytes(rows: pd.DataFrame) -> pd.Series:
+    """The chunk size each run corresponds to at the paper's model size: `chunk_bytes_paper`, or
+    where an older file lacks it, chunk_bytes x s_m (the same definition)."""
+    recorded = rows["chunk_bytes_paper"] if "chunk_bytes_paper" in rows else pd.Series(pd.NA, index=rows.index)
+    scale = rows["s_m"].fillna(1.0) if "s_m" in rows else 1.0
+    fallback = (rows["chunk_bytes"].astype("float64") * scale).round()
+    return recorded.astype("float64").fillna(fallback)
+
+
+def chunk_shape(runs: pd.DataFrame) -> pd.DataFrame:
+    """The chunk sweep's shape: samples/s at each swept chunk size over the system's peak median,
+    with the paper-equivalent chunk size (`paper_chunk_bytes`) beside our own."""
+    sweep = experiment(runs, "chunk_sweep").dropna(subset=["samples_per_s", "chunk_bytes"])
+    sweep["chunk_bytes_paper"] = paper_chunk_bytes(sweep)
+    peak = sweep.groupby(["system", "chunk_bytes"])["samples_per_s"].median().groupby("system").max()
+    sweep["normalized"] = sweep["samples_per_s"] / sweep["system"].map(peak)
+    return sweep[["system", "chunk_bytes", "chunk_bytes_paper", "repeat", "normalized"]].reset_index(drop=True)
+
+
+def multitenant(runs: pd.DataFrame) -> pd.DataFrame:
+    """Cost of sharing one server beyond sharing its links, per job of the shared run:
+    beyond_share = jobs x (median seconds per iteration of the job alone) / (its seconds shared).
+    1.0 = no cost beyond the share; < 1 = the jobs slow each other down more than that."""
+    rows = experiment(runs, "multitenant").dropna(subset=["seconds_per_iteration"])
+    columns = ["model", "job", "jobs", "repeat", "beyond_share"]
+    shared, alone = rows[rows["variant"] == "shared"].copy(), rows[rows["variant"] == "alone"]
+    if shared.empty or alone.empty:
+        return pd.DataFrame(columns=columns)
+    per_job = alone.groupby("job")["seconds_per_iteration"].median()
+    shared["jobs"] = shared.groupby("repeat")["job"].transform("nunique")
+    shared["alone"] = shared["job"].map(per_job).fillna(alone["seconds_per_iteration"].median())
+    shared["beyond_share"] = shared["jobs"] * shared["alone"] / shared["seconds_per_iteration"]
+    return shared[columns].reset_index(drop=True)
+
+
+def oversubscription_curve(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each system's samples/s at k:1 over its own median at 1:1 (same workers and racks)."""
+    over = experiment(runs, "oversubscription").dropna(subset=["samples_per_s", "oversubscription"])
+    keys = ["system", "workers", "racks"]
+    one = over[over["oversubscription"] == 1].groupby(keys, dropna=False)["samples_per_s"].median().rename("at_1")
+    out = over.join(one, on=keys).dropna(subset=["at_1"])
+    out["relative_to_1"] = out["samples_per_s"] / out["at_1"]
+    return out[keys + ["oversubscription", "repeat", "relative_to_1"]].reset_index(drop=True)
+
+
+def calibration(runs: pd.DataFrame) -> pd.DataFrame:
+    """One server core's sustained chunk rate with compute removed and links unshaped."""
+    rows = experiment(runs, "calibration").dropna(subset=["chunks_per_s_per_core"])
+    return rows[["chunk_bytes", "cores", "workers", "repeat", "chunks_per_s_per_core",
+                 "gbit_per_s_per_core"]].reset_index(drop=True)
+
+
+def capacity_flatness(cap: pd.DataFrame, workers: int = 8) -> Optional[float]:
+    """Median per-worker rate at `workers` over the rate at one worker, at the largest interface
+    count (1.0 = the server keeps up with every worker). None without both points."""
+    if cap.empty:
+        return None
+    widest = cap[cap["interfaces"] == cap["interfaces"].max()]
+    rates = widest.groupby("workers")["per_worker"].median()
+    if 1 not in rates.index or workers not in rates.index:
+        return None
+    return float(rates[workers] / rates[1])

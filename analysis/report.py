@@ -5,21 +5,27 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import List, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Union
 
 import pandas as pd
 
 from . import reference as reference_data
 from .claims import all_claims
+from .derive import failed_verification, unchecked
 from .figures import FIGURES
 from .output import write_text
 from .results import Results
-from .verdict import RULE, Claim, fmt
+from .verdict import AGREE, CPU_MARK, DERIVED, DIFFER, NO_DATA, PAPER_ONLY, RULE, Claim, fmt
 
 
 def _cell(text: str) -> str:
     """Markdown table cells cannot hold a bare '|' or a line break."""
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+COLUMNS = ("claim", "paper", "ours", "ours / paper", "verdict", "bound", "why")
+SUMMARY = ((AGREE, "measured agree"), (DIFFER, "measured differ"), (NO_DATA, "no data"),
+           (PAPER_ONLY, "paper only"), (DERIVED, "derived"))
 
 
 def claims_table(claims: List[Claim]) -> str:
@@ -29,12 +35,17 @@ def claims_table(claims: List[Claim]) -> str:
     for c in claims:
         if c.section != section:
             section = c.section
-            lines += ["", f"### {section}", "", "| claim | paper | ours | ours / paper | verdict | why |",
-                      "|---|---|---|---|---|---|"]
+            lines += ["", f"### {section}", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
         ratio = "—" if c.ratio is None else f"{c.ratio:.2f}"
         lines.append("| " + " | ".join(_cell(x) for x in (c.claim, fmt(c.paper, c.unit), fmt(c.ours, c.unit),
-                                                            ratio, f"**{c.verdict}**", c.reason)) + " |")
+                                                            ratio, f"**{c.verdict}**", c.bound, c.reason)) + " |")
     return "\n".join(lines)
+
+
+def summary(claims: List[Claim]) -> str:
+    """Each verdict kind with its count, e.g. '3 measured agree, 1 measured differ, ...'."""
+    tally = Counter(c.verdict for c in claims)
+    return ", ".join(f"{tally[v]} {words}" for v, words in SUMMARY)
 
 
 def _values(runs: pd.DataFrame, column: str) -> str:
@@ -53,8 +64,17 @@ def facts(runs: pd.DataFrame) -> str:
              f"- scale factors: s_n = {_values(runs, 's_n')}; s_m = {_values(runs, 's_m')}; "
              f"s_t = {_values(runs, 's_t')}",
              f"- hosts: {_values(runs, 'host')}; git commits: {_values(runs, 'git_commit')}"]
-    unverified = int((runs["verified"] == False).sum())  # noqa: E712 (a nullable boolean column)
-    lines.append(f"- runs whose results were not verified: {unverified}" + (" **(check these)**" if unverified else ""))
+    failed = int(failed_verification(runs).sum())
+    lines.append(f"- runs that failed verification (left out of every number): {failed}"
+                 + (" **(check these)**" if failed else ""))
+    nothing = int((runs["verify_kind"] == "none").sum()) if "verify_kind" in runs else 0
+    lines.append(f"- runs with nothing to verify (verify_kind none, kept): {nothing}")
+    old = int(unchecked(runs).sum())
+    if old:
+        lines.append(f"- runs not verified whose file does not record verify_kind (older files, kept): {old}")
+    bound = runs["bound"].fillna("").replace("", "not recorded") if "bound" in runs else None
+    if bound is not None:
+        lines.append("- runs by what bounded them: " + ", ".join(f"{b} {n}" for b, n in sorted(Counter(bound).items())))
     links = runs.dropna(subset=["link_gbps"])
     if not links.empty:
         lines += ["", "Link rates (Gbps), configured vs measured (median over runs):", "",
@@ -82,13 +102,12 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
     """The report as markdown text."""
     ref = reference_data.load() if ref is None else ref
     claims = all_claims(results.runs, ref, compute_seconds)
-    tally = Counter(c.verdict for c in claims)
-    summary = ", ".join(f"{tally[v]} {v}" for v in ("agree", "differ", "no data", "paper only"))
     return "\n".join([
         "# PHub reproduction: the paper's claims vs this run", "",
         "Each row is one claim of the paper (the SoCC'18 paper and its posters; the numbers are in "
         "`analysis/reference/`, with provenance) beside what this run measured. "
-        f"Claims: {len(claims)} ({summary}).", "",
+        f"Claims: {len(claims)} ({summary(claims)}). Only measured rows (agree, differ) count as "
+        "measurements.", "",
         "## How agreement is judged", "", RULE, "",
         "## The run", "", facts(results.runs), "",
         "## Claims", claims_table(claims), "",
@@ -99,7 +118,9 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
 def check(results: Results, figures_dir: Union[str, Path], report_path: Union[str, Path], ref=None,
           compute_seconds: Optional[Mapping[str, float]] = None, min_measured: int = 1) -> List[str]:
     """What a finished run lacks (empty: nothing): a figure that is missing or not a PNG, a claim
-    with no row in the report, fewer than `min_measured` claims with a measured value."""
+    with no row in the report, a verdict without its data (see Claim.problems), a differ row
+    without a cause, a report row that uses CPU-bound points without saying so, and fewer than
+    `min_measured` measured rows (agree or differ; derived and paper-only rows never count)."""
     problems = []
     for name in FIGURES:
         png = Path(figures_dir) / f"{name}.png"
@@ -111,13 +132,36 @@ def check(results: Results, figures_dir: Union[str, Path], report_path: Union[st
         text = Path(report_path).read_text()
     except OSError as exc:
         return problems + [f"report {report_path}: cannot read it: {exc.strerror or exc}"]
-    rows = {line.split(" | ")[0][2:] for line in text.splitlines() if line.startswith("| ")}
+    rows = report_rows(text)
     claims = all_claims(results.runs, reference_data.load() if ref is None else ref, compute_seconds)
     problems += [f"report {report_path}: no row for the claim {c.claim!r}" for c in claims if _cell(c.claim) not in rows]
-    measured = sum(c.verdict in ("agree", "differ") for c in claims)
+    problems += [f"claim {c.claim!r} {p}" for c in claims for p in c.problems()]
+    for claim, cells in rows.items():
+        bound, why = cells.get("bound", ""), cells.get("why", "")
+        if "cpu" in bound and CPU_MARK not in why:
+            problems.append(f"report {report_path}: the row {claim!r} uses CPU-bound points ({bound}) "
+                            f"without saying {CPU_MARK!r}")
+        if cells.get("verdict") == f"**{DIFFER}**" and "Cause: " not in why and "Cause unknown" not in why:
+            problems.append(f"report {report_path}: the row {claim!r} differs without a cause")
+    measured = sum(c.measured for c in claims)
     if measured < min_measured:
-        problems.append(f"only {measured} of {len(claims)} claims have a measured value (expected >= {min_measured})")
+        problems.append(f"only {measured} of {len(claims)} claims have a measured value (expected >= {min_measured}; "
+                        f"{summary(claims)})")
     return problems
+
+
+def report_rows(text: str) -> Dict[str, Dict[str, str]]:
+    """The claim rows of a written report: claim -> {column: cell}."""
+    out: Dict[str, Dict[str, str]] = {}
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("| claim |") or line.startswith("| kind of number"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == len(COLUMNS):
+            out[cells[0]] = dict(zip(COLUMNS, cells))
+        else:
+            out.setdefault(cells[0], {})
+    return out
 
 
 def write(results: Results, figures_dir: Union[str, Path], out: Union[str, Path], ref=None,

@@ -12,6 +12,11 @@ A file is read as a run file when it has an `experiment` column, or as a converg
 it has `framework` and `epoch` columns. Any other file, a missing column, or a value that does
 not parse raises `ResultsError`, and the message names the file, the column and the first bad row.
 Files whose names start with "." are skipped, because those are temporary files from atomic writes.
+
+Run files may also carry the columns of `OPTIONAL` (what bounded the run, its CPU and link use,
+the paper-equivalent chunk size, how its result was verified, the job of a multi-tenant run, and
+the calibration's per-core rates). Older files without them still load: the missing columns are
+added empty, and an empty `bound` or `verify_kind` means "not recorded".
 """
 from __future__ import annotations
 
@@ -22,27 +27,39 @@ from typing import List, Union
 import pandas as pd
 
 EXPERIMENTS = ("pbox", "capacity", "scaling", "cross_rack", "oversubscription", "breakdown",
-               "chunk_sweep", "convergence")
+               "chunk_sweep", "convergence", "multitenant", "calibration")
 SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
 NETWORKS = ("loopback", "emulated", "cluster")
 SETTINGS = ("cloud10g", "ib56g", "")
 COMPUTE = ("zero", "replay", "real")
-VARIANTS = ("full", "no_aggregation", "no_optimizer", "no_compute", "")
+VARIANTS = ("full", "no_aggregation", "no_optimizer", "no_compute", "alone", "shared", "")
+BOUNDS = ("wire", "cpu", "mixed", "")  # what limited a run: the emulated network, this machine's CPU, both
+# oracle: checked against a reference result; workers_agree (real compute): the workers' weights
+# checked against each other; none: nothing to check (e.g. a variant without the optimizer)
+VERIFY_KINDS = ("oracle", "workers_agree", "none", "")
 
-INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat")
+INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat", "chunk_bytes_paper",
+           "chunks_per_worker", "job")
 REAL = ("oversubscription", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
-        "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker")
+        "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "cpu_busy",
+        "busiest_process_cpu", "link_utilization", "chunks_per_s_per_core", "gbit_per_s_per_core")
 BOOLEAN = ("verified",)
 COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores",
            "chunk_bytes", "oversubscription", "network", "setting", "link_gbps",
            "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker",
            "verified", "git_commit", "host")
+# Columns that newer run files carry; a file without them loads with them empty.
+OPTIONAL = ("bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "link_utilization",
+            "chunk_bytes_paper", "chunks_per_worker", "verify_kind", "job", "chunks_per_s_per_core",
+            "gbit_per_s_per_core")
 # Columns that may not be empty on any row (the others can be empty where they do not apply,
 # e.g. samples_per_s in a run with compute removed).
 REQUIRED_VALUES = ("experiment", "system", "workers", "repeat")
 ALLOWED = {"experiment": EXPERIMENTS, "system": SYSTEMS, "network": NETWORKS, "setting": SETTINGS,
-           "compute": COMPUTE, "variant": VARIANTS}
+           "compute": COMPUTE, "variant": VARIANTS, "bound": BOUNDS, "verify_kind": VERIFY_KINDS}
+# A calibration run measures one server core with no job around it: no network setting or compute.
+EMPTY_IN_CALIBRATION = ("network", "compute")
 CONVERGENCE_COLUMNS = ("framework", "workers", "epoch", "loss")
 
 PathLike = Union[str, Path]
@@ -60,7 +77,7 @@ class Results:
 
 def empty_runs() -> pd.DataFrame:
     """A run table with no rows (what a run that measured nothing looks like)."""
-    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS + ("source_file",)})
+    return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in COLUMNS + OPTIONAL + ("source_file",)})
 
 
 def _dtype(column: str) -> str:
@@ -117,8 +134,11 @@ def _convert(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
             _fail(path, f"column {column!r}, line {_first_bad(bad)}: {frame[column][bad].iloc[0]!r} "
                         f"is not true/false")
         out[column] = text.map(mapping).astype("boolean")
+    calibration = out["experiment"] == "calibration"
     for column, allowed in ALLOWED.items():
         bad = ~out[column].isin(allowed)
+        if column in EMPTY_IN_CALIBRATION:
+            bad &= ~(calibration & (out[column] == ""))
         if bad.any():
             _fail(path, f"column {column!r}, line {_first_bad(bad)}: {out[column][bad].iloc[0]!r} is not one "
                         f"of {', '.join(repr(a) for a in allowed)}")
@@ -156,6 +176,10 @@ def _runs(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     if missing:
         _fail(path, f"missing column(s) {', '.join(repr(c) for c in missing)} "
                     f"(a run file needs: {', '.join(COLUMNS)})")
+    frame = frame.copy()
+    for column in OPTIONAL:
+        if column not in frame.columns:
+            frame[column] = ""
     out = _convert(frame, path)
     out["source_file"] = str(path)
     return out

@@ -1,42 +1,161 @@
 """One paper claim compared with our number, and the agreement rule that judges it.
 
-The rule is stated once here (`RULE`), and the report prints it at the top.
+The rule is stated once here (`RULE`), and the report prints it at the top. Every row is exactly
+one of five verdicts: measured **agree**, measured **differ**, **no data**, **paper only** and
+**derived**. Only the two measured verdicts count as a measurement (`Claim.measured`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Union
+
+import pandas as pd
 
 LOW, HIGH = 0.8, 1.25  # ours / paper within this range = agree (symmetric on a log scale)
-PERCENT_POINTS = 3.0  # absolute tolerance for overheads in percent
+PERCENT_RELATIVE = 0.5  # overheads in percent: agree within ±50% of the paper's value
+PERCENT_AT_ZERO = 0.5  # ... and, only where the paper's value is 0, within ±0.5 percentage points
 
-AGREE, DIFFER, NO_DATA, PAPER_ONLY = "agree", "differ", "no data", "paper only"
+AGREE, DIFFER, NO_DATA, PAPER_ONLY, DERIVED = "agree", "differ", "no data", "paper only", "derived"
+VERDICTS = (AGREE, DIFFER, NO_DATA, PAPER_ONLY, DERIVED)
+MEASURED, DERIVED_BASIS = "measured", "derived"  # where `ours` comes from
+CPU_MARK = "CPU-bound here: not comparable"
+CAUSE_UNKNOWN = "cause unknown"
+BOUND_ORDER = ("cpu", "mixed", "wire", "unknown")  # the worst bound of a point's repeats wins
 
 RULE = f"""\
 | kind of number | agree when |
 |---|---|
 | dimensionless (speedups, ratios of rates or times, shares, relative cost, computed Gbps) \
 | {LOW} ≤ ours / paper ≤ {HIGH} |
-| overhead in percent | within ±{PERCENT_POINTS:g} percentage points of the paper, or the ratio rule above \
-(small overheads are dominated by noise, and chart-read values carry about ±3% of the axis) |
+| overhead in percent | \\|ours − paper\\| ≤ {PERCENT_RELATIVE:g} × paper (and \\|ours\\| ≤ \
+{PERCENT_AT_ZERO:g} points where the paper's value is 0) |
+| a lower bound the paper implies ("at least") | ours ≥ {LOW} × the bound |
 | ordering of systems | the same order over the systems both have |
 | a chosen setting (the chunk size at the peak) | the same value |
 
-Otherwise the verdict is **differ**. **no data** means that this run measured nothing for the
-claim. **paper only** means that the claim cannot be measured in this reproduction at all.
-Counts of workers and absolute rates depend on the machine and on the scaling, so they are
-compared with the same ratio rule, and the reason column says why they cannot be expected to match."""
+Overheads get a wider band than ratios because a few percent of overhead is close to the noise
+of one iteration time, but the band is relative, with no absolute floor: an overhead of 0 can
+never agree with the paper's 0.4%, so a run that cannot see the overhead at all does not pass.
+
+Verdicts: **agree** / **differ** compare a number this run measured (possibly through a stated
+model) with the paper's. Every **differ** names its cause, a measured one or "{CAUSE_UNKNOWN}".
+**derived** rows are computed from the paper's own numbers, or from our measurement plus a stated
+model; they show the computation and how it compares, but never count as measured. **no data**
+means that this run measured nothing for the claim (the reason says what is missing).
+**paper only** means that the claim cannot be measured in this reproduction at all.
+The *bound* column says what limited each measured point: `wire` (the emulated network), `cpu`
+(this machine's CPU) or `mixed`. A row that uses a `cpu` point says "{CPU_MARK}": its verdict is
+kept but says nothing about the paper's system. Runs that failed verification (verify_kind oracle
+or workers_agree) are left out of every number, and the row says how many were dropped; runs with
+nothing to verify are kept, and the row says so. Counts of workers and absolute rates depend on the
+machine and on the scaling, so they are compared with the same ratio rule, and the reason column
+says why they cannot be expected to match."""
 
 Value = Union[float, Sequence[str], None]
 
 
 @dataclass
+class Evidence:
+    """The run rows behind one measured claim: what bounded its points, and what was left out."""
+    bounds: Dict[str, int] = field(default_factory=dict)  # points by bound (BOUND_ORDER)
+    cpu_points: List[str] = field(default_factory=list)
+    mixed_points: List[str] = field(default_factory=list)
+    dropped: int = 0  # runs that failed verification
+    unverifiable: int = 0  # runs with nothing to verify (verify_kind "none")
+    unchecked: int = 0  # runs with verified false and no verify_kind (older files): kept
+
+    @classmethod
+    def of(cls, kept: pd.DataFrame, dropped: Optional[pd.DataFrame] = None) -> "Evidence":
+        """Evidence from the rows a claim uses (`kept`) and those it lost to verification."""
+        out = cls(dropped=0 if dropped is None else len(dropped))
+        if kept.empty:
+            return out
+        bound = kept["bound"].fillna("") if "bound" in kept else pd.Series("", index=kept.index)
+        bound = bound.where(bound != "", "unknown")
+        points = _points(kept).assign(rank=bound.map({b: i for i, b in enumerate(BOUND_ORDER)}))
+        worst = points.groupby("key").agg(name=("name", "first"), rank=("rank", "min"))
+        for point_name, r in zip(worst["name"], worst["rank"]):
+            b = BOUND_ORDER[int(r)]
+            out.bounds[b] = out.bounds.get(b, 0) + 1
+            if b == "cpu":
+                out.cpu_points.append(point_name)
+            elif b == "mixed":
+                out.mixed_points.append(point_name)
+        if "verify_kind" in kept:
+            out.unverifiable = int((kept["verify_kind"] == "none").sum())
+            out.unchecked = int(((kept["verify_kind"].fillna("") == "") & (kept["verified"] == False))  # noqa: E712
+                                .fillna(False).astype(bool).sum())
+        return out
+
+    @property
+    def points(self) -> int:
+        return sum(self.bounds.values())
+
+    def column(self) -> str:
+        """The report's bound column, e.g. 'wire (12)' or 'cpu 3 / mixed 1 / wire 8'."""
+        present = [(b, self.bounds[b]) for b in BOUND_ORDER if self.bounds.get(b)]
+        if not present:
+            return "—"
+        if len(present) == 1:
+            return f"{present[0][0]} ({present[0][1]})"
+        return " / ".join(f"{b} {n}" for b, n in present)
+
+    def notes(self, bounds: bool = True) -> List[str]:
+        """The sentences the reason column carries for these rows (without what bounded them when
+        `bounds` is False: a derived row's inputs, e.g. a calibration that measures the CPU itself)."""
+        out = []
+        if bounds and self.cpu_points:
+            out.append(f"{CPU_MARK} ({len(self.cpu_points)} of {self.points} points: {_names(self.cpu_points)}).")
+        if bounds and self.mixed_points:
+            out.append(f"Mixed-bound points: {_names(self.mixed_points)}.")
+        if bounds and self.bounds.get("unknown"):
+            out.append(f"Bound not recorded for {self.bounds['unknown']} of {self.points} points.")
+        if self.dropped:
+            out.append(f"{self.dropped} run(s) dropped: they failed verification.")
+        if self.unverifiable:
+            out.append(f"{self.unverifiable} run(s) had nothing to verify (not verifiable).")
+        if self.unchecked:
+            out.append(f"{self.unchecked} run(s) not verified, and their file does not say whether verification "
+                       "applied (no verify_kind): kept.")
+        return out
+
+
+# A point is one configuration of an experiment; its rows are the repeats.
+POINT_KEYS = ("experiment", "point", "source_file", "system", "model", "setting", "workers", "racks",
+              "interfaces", "chunk_bytes", "oversubscription", "variant", "job")
+
+
+def _points(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per row: `key`, the same for the repeats of one point, and `name`, how the report names it
+    (the experiment and its `point` column, with the configuration columns that vary when `point`
+    does not tell the points apart)."""
+    keys = [k for k in POINT_KEYS if k in rows]
+    key = rows[keys].astype(str).agg("|".join, axis=1)
+    point = rows["point"].fillna("").astype(str) if "point" in rows else pd.Series("", index=rows.index)
+    name = rows["experiment"].astype(str) + "/" + point.where(point != "", "point")
+    if pd.DataFrame({"key": key, "name": name}).groupby("name")["key"].nunique().max() > 1:
+        varying = [k for k in keys if k not in ("experiment", "point", "source_file")
+                   and rows[k].astype(str).nunique() > 1]
+        for k in varying:
+            name = name + f" {k}=" + rows[k].astype(str)
+    return pd.DataFrame({"key": key, "name": name})
+
+
+def _names(points: List[str], most: int = 4) -> str:
+    shown = ", ".join(points[:most])
+    return shown + (f" and {len(points) - most} more" if len(points) > most else "")
+
+
+@dataclass
 class Claim:
-    """A paper claim. `kind` is ratio | percent | order | exact | paper_only.
+    """A paper claim. `kind` is ratio | percent | at_least | order | exact | paper_only.
 
     `paper` and `ours` are numbers, or for kind=order the system names from first to last.
-    `why` explains a verdict of differ, no data or paper only. `note` qualifies any verdict.
+    `basis` says where ours comes from: "measured" (this run) or "derived" (the paper's numbers,
+    or our measurement plus the model stated in `method`). `why` explains a verdict of differ,
+    no data or paper only; `cause` is a differ's cause (a measured one or CAUSE_UNKNOWN); `note`
+    qualifies any verdict. `evidence` holds the run rows behind a measured claim.
     """
     section: str
     claim: str
@@ -46,6 +165,10 @@ class Claim:
     why: str = ""
     note: str = ""
     unit: str = ""
+    basis: str = MEASURED
+    method: str = ""
+    cause: str = ""
+    evidence: Optional[Evidence] = None
 
     @property
     def missing(self) -> bool:
@@ -62,26 +185,82 @@ class Claim:
         return float(self.ours) / float(self.paper)
 
     @property
+    def comparison(self) -> Optional[str]:
+        """AGREE or DIFFER by the rule, whatever the basis; None when there is nothing to compare."""
+        if self.kind == "paper_only" or self.missing or self.paper is None:
+            return None
+        if self.kind == "order":
+            common = [s for s in self.paper if s in self.ours]
+            return AGREE if len(common) >= 2 and [s for s in self.ours if s in common] == common else DIFFER
+        ours, paper = float(self.ours), float(self.paper)
+        if self.kind == "exact":
+            return AGREE if ours == paper else DIFFER
+        if self.kind == "percent":
+            band = PERCENT_RELATIVE * abs(paper) if paper else PERCENT_AT_ZERO
+            return AGREE if abs(ours - paper) <= band else DIFFER
+        if self.kind == "at_least":
+            return AGREE if ours >= LOW * paper else DIFFER
+        return AGREE if self.ratio is not None and LOW <= self.ratio <= HIGH else DIFFER
+
+    @property
     def verdict(self) -> str:
         if self.kind == "paper_only":
             return PAPER_ONLY
         if self.missing:
             return NO_DATA
-        if self.kind == "order":
-            common = [s for s in self.paper if s in self.ours]
-            return AGREE if len(common) >= 2 and [s for s in self.ours if s in common] == common else DIFFER
-        if self.kind == "exact":
-            return AGREE if float(self.ours) == float(self.paper) else DIFFER
-        within = self.ratio is not None and LOW <= self.ratio <= HIGH
-        if self.kind == "percent" and abs(float(self.ours) - float(self.paper)) <= PERCENT_POINTS:
-            within = True
-        return AGREE if within else DIFFER
+        if self.basis == DERIVED_BASIS:
+            return DERIVED
+        return self.comparison or NO_DATA
+
+    @property
+    def measured(self) -> bool:
+        return self.verdict in (AGREE, DIFFER)
+
+    @property
+    def full_cause(self) -> str:
+        """A differ's cause: the one the claim code stated, or CPU-bound points (always measured)."""
+        found = [self.cause.strip()] if self.cause.strip() else []
+        if self.evidence is not None and self.evidence.cpu_points and not any("CPU-bound" in c for c in found):
+            found.insert(0, "CPU-bound here")
+        return "; ".join(found)
+
+    @property
+    def bound(self) -> str:
+        return self.evidence.column() if self.evidence is not None and self.basis == MEASURED else "—"
 
     @property
     def reason(self) -> str:
         """The sentence shown beside the verdict."""
-        parts = [self.why if self.verdict != AGREE else "", self.note]
-        return " ".join(p.strip() for p in parts if p.strip())
+        verdict = self.verdict
+        parts = [self.why if verdict != AGREE else ""]
+        if verdict == DIFFER:
+            cause = self.full_cause
+            parts.append("" if not cause else "Cause unknown." if cause == CAUSE_UNKNOWN else f"Cause: {cause}.")
+        if verdict == DERIVED:
+            parts.append(f"Derived: {self.method}" if self.method else "Derived.")
+            ratio = f" (ours / paper {self.ratio:.2f})" if self.ratio is not None else ""
+            parts.append(f"By the rule it would {self.comparison}{ratio}, but it is not a measurement.")
+        if self.evidence is not None:
+            parts += self.evidence.notes(bounds=self.basis == MEASURED)
+        parts.append(self.note)
+        return " ".join(p.strip() for p in parts if p and p.strip())
+
+    def problems(self) -> List[str]:
+        """What makes this row's verdict unsupported (empty: nothing): a measured verdict without
+        run rows behind it, a derived row without its method, a differ without a cause, a row that
+        uses CPU-bound points and does not say so."""
+        out = []
+        verdict = self.verdict
+        if verdict in (AGREE, DIFFER) and (self.evidence is None or self.evidence.points == 0):
+            out.append("has a measured verdict but no run rows behind it")
+        if verdict == DERIVED and not self.method.strip():
+            out.append("is derived but does not state how")
+        if verdict == DIFFER and not self.full_cause:
+            out.append(f"differs without a cause (a measured one or {CAUSE_UNKNOWN!r})")
+        if self.evidence is not None and self.evidence.cpu_points and self.basis == MEASURED \
+                and verdict in (AGREE, DIFFER) and CPU_MARK not in self.reason:
+            out.append(f"uses CPU-bound points without saying {CPU_MARK!r}")
+        return out
 
 
 def fmt(value: Value, unit: str = "") -> str:

@@ -1,0 +1,125 @@
+"""Claims of the microbenchmarks: the chunk sweep (peak and shape), where time goes, and the
+bandwidth one PS needs (computed, so derived)."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+import pandas as pd
+
+from .. import derive
+from ..reference import PAPER_MODEL, Table
+from ..verdict import DERIVED_BASIS, Claim
+from .common import NAN, Runs, causes, setup
+
+SWEEP = "Microbenchmarks: chunk size"
+BREAKDOWN = "Where time goes (breakdown)"
+BANDWIDTH = "Bandwidth one PS needs (computed, N = 8)"
+FORMULAS = {"CC": "2M(N−1)/T", "CS": "4M(N−1)/(TN)", "NCC": "2MN/T", "NCS": "2M/T"}
+
+
+def chunk_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
+    shape = derive.chunk_shape(runs.rows)
+    shape = shape[shape["system"] == "phub"]
+    rows = runs.kept("chunk_sweep", system="phub")
+    evidence = runs.evidence("chunk_sweep", system="phub")
+    paper = ref["chunk_size_sweep"].data.sort_values("chunk_bytes")
+    paper_peak = int(paper.loc[paper["samples_per_s"].idxmax(), "chunk_bytes"])
+    curve = pd.Series(paper["samples_per_s"].to_numpy() / paper["samples_per_s"].max(),
+                      index=paper["chunk_bytes"].to_numpy())
+    medians = shape.groupby("chunk_bytes_paper")["normalized"].median()
+    peak = int(medians.idxmax()) if len(medians) else None
+    why = ("Per-chunk costs here are those of TCP sockets, not RDMA verbs. Chunk sizes are compared at their "
+           "paper-equivalent size (chunk bytes × s_m). " + setup(rows))
+    out = [Claim(SWEEP, "Training throughput peaks at 32 KB chunks", paper_peak / 1024,
+                 peak / 1024 if peak else None, "exact", unit=" KB",
+                 why=why if peak else "No chunk-sweep runs of phub.",
+                 note="Ours: the paper-equivalent chunk size with the highest median samples/s." if peak else "",
+                 cause=causes(rows, paper_workers=0), evidence=evidence)]
+    if medians.empty:
+        out.append(Claim(SWEEP, "Throughput at each swept chunk size relative to the peak", 1.0, None,
+                         why="No chunk-sweep runs of phub."))
+        return out
+    ours_sizes = shape.groupby("chunk_bytes_paper")["chunk_bytes"].first()
+    for size, value in medians.items():
+        paper_value, how = paper_curve(curve, float(size))
+        out.append(Claim(SWEEP, f"Throughput at {_kb(size)} (paper-equivalent) relative to the peak",
+                         paper_value, float(value),
+                         why=why if not math.isnan(paper_value) else
+                         f"Outside the paper's sweep ({_kb(curve.index[0])}–{_kb(curve.index[-1])}).",
+                         note=f"Ours swept {int(ours_sizes[size])} B chunks; the paper's value {how}.",
+                         cause=causes(rows, paper_workers=0),
+                         evidence=runs.evidence("chunk_sweep", system="phub", chunk_bytes=int(ours_sizes[size]))))
+    return out
+
+
+def paper_curve(curve: pd.Series, size: float):
+    """The paper's normalized throughput at `size`: read at a swept size, or interpolated on a log2
+    scale between the two swept sizes around it; NaN outside the sweep."""
+    if size in curve.index:
+        return float(curve[size]), "is read off the chart at this size"
+    if size < curve.index[0] or size > curve.index[-1]:
+        return NAN, ""
+    value = float(np.interp(math.log2(size), np.log2(curve.index.to_numpy(dtype=float)), curve.to_numpy()))
+    return value, "is interpolated on a log scale between the chart's neighbouring sizes"
+
+
+def _kb(size: float) -> str:
+    return f"{size / 1024:g} KB" if size < 1024 * 1024 else f"{size / 1024 / 1024:g} MB"
+
+
+def breakdown_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
+    paper = ref["breakdown_mxnet_ps"].data.copy()
+    paper["model"] = paper["model"].map(lambda m: PAPER_MODEL.get(m, m))
+    ours = derive.breakdown(runs.rows)
+    why = ("The stock PS here is ps-lite over ZeroMQ (TCP), and replayed compute is stretched by s_t. "
+           + setup(runs.kept("breakdown")))
+    out = []
+    for model, rows in paper.groupby("model", sort=False):
+        before = rows[rows["phase"] == "before"]
+        after_total = rows.loc[rows["phase"] == "after", "seconds"].sum()
+        mine = ours[ours["model"] == model]
+        has_phub = (mine["system"] == "phub").any()
+        stock = [s for s in derive.PSLITE if (mine["system"] == s).any()]
+        phub_rel = mine.loc[mine["system"] == "phub", "relative"].sum() if has_phub and stock else NAN
+        where = dict(model=model, system=["phub"] + stock[:1])
+        out.append(Claim(BREAKDOWN, f"{model}: PHub's iteration time / the stock PS's",
+                         float(after_total / before["seconds"].sum()), phub_rel,
+                         why=why if has_phub and stock else "Needs breakdown runs of phub and pslite for this model.",
+                         note="Paper values chart-read.", cause=causes(runs.kept("breakdown", **where), 0),
+                         evidence=runs.evidence("breakdown", **where)))
+        share = NAN
+        if stock:
+            s = mine[mine["system"] == stock[0]]
+            share = float(1 - s.loc[s["component"] == "compute", "seconds"].sum() / s["total"].iloc[0])
+        where = dict(model=model, system=stock[:1], variant=["full", "no_compute"])
+        out.append(Claim(BREAKDOWN, f"{model}: share of the stock PS's iteration not spent computing",
+                         float(1 - before.loc[before["component"] == "compute", "seconds"].sum()
+                               / before["seconds"].sum()), share,
+                         why=why if stock else "Needs breakdown runs of pslite for this model.",
+                         note="Paper values chart-read.", cause=causes(runs.kept("breakdown", **where), 0),
+                         evidence=runs.evidence("breakdown", **where)))
+    return out
+
+
+def bandwidth_claims(ref: Dict[str, Table],
+                     compute_seconds: Optional[Mapping[str, float]] = None) -> List[Claim]:
+    """Every placement of bandwidth_per_ps.csv, computed from model bytes and a compute time T:
+    derived rows (the paper's own T from its breakdown chart, or the T given)."""
+    paper = ref["bandwidth_per_ps"].data
+    models = [PAPER_MODEL.get(m, m) for m in paper["model"]]
+    ours = derive.bandwidth_table(ref, models, compute_seconds).set_index(["model", "placement"])
+    out = []
+    for paper_model, model in zip(paper["model"], models):
+        row = paper[paper["model"] == paper_model].iloc[0]
+        for placement in derive.PLACEMENTS:
+            mine = ours.loc[(model, placement)]
+            implied = mine["compute_seconds"] * mine["gbps"] / row[placement]
+            out.append(Claim(BANDWIDTH, f"{model}, placement {placement}", float(row[placement]),
+                             float(mine["gbps"]), unit=" Gbps", basis=DERIVED_BASIS,
+                             method=(f"{FORMULAS[placement]} with M = the model's bytes (phub's layout), N = 8 and "
+                                     f"T = {mine['compute_seconds']:.3g} s per iteration ({mine['t_source']}); "
+                                     f"the paper's value implies T = {implied:.3f} s."),
+                             note="Computed from model bytes, not measured."))
+    return out
