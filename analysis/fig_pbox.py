@@ -144,10 +144,11 @@ def scaling(runs: pd.DataFrame, ref, out_dir: Path) -> Path:
     absolute.set(title=f"{OURS}, absolute ({models})" if models else f"{OURS}, absolute",
                  ylabel="exchanges / s (all workers)")
     if values.empty:
-        no_data(absolute)
+        for ax in axes[0]:
+            no_data(ax)
     for ax in axes[0]:
         ax.set_xlabel("workers")
-        ax.set_xlim(0.5, 8.5)
+        ax.set_xlim(0.5, max([8] + list(values["workers"].dropna().astype(int))) + 0.5)
         ax.set_ylim(bottom=0)
     entries = system_entries(names) + style_entries(set(values["bound"]) | set(values["over_phub_bound"]))
     rows = legend_below(fig, axes, extra=entries, columns=4)

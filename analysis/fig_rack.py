@@ -87,7 +87,7 @@ def oversubscription(runs: pd.DataFrame, ref, out_dir: Path,
     right.set(title="throughput per \\$ over pshard's (cost.csv at 2:1)", ylabel="throughput per \\$ / pshard's")
     for ax in (left, right):
         ax.axhline(1.0, color="0.25", linestyle=":", linewidth=1)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.6 if ax is right else 1.1))
         ax.set_xscale("log", base=2)
         ax.set(xticks=RATIOS, xticklabels=[f"{r}:1" for r in RATIOS], xlim=(0.8, 10),
                xlabel="core oversubscription")

@@ -45,7 +45,7 @@ def usable(runs: pd.DataFrame) -> pd.DataFrame:
     out["bound"] = out["bound"].fillna("").astype(str).str.strip().str.lower()
     out.loc[~out["bound"].isin(BOUNDS), "bound"] = ""
     if "verified" in out:
-        failed = out["verified"].astype("boolean").eq(False).fillna(False).astype(bool)
+        failed = out["verified"].astype(str).str.strip().str.lower().isin(("false", "0"))
         oracle = out["verify_kind"].fillna("").astype(str).str.strip().str.lower() == "oracle"
         out = out[~(failed & oracle)].copy()
     out["label"] = out["experiment"].astype(str) + "/" + _point_ids(out)

@@ -70,9 +70,10 @@ def test_scaling_efficiency_and_ratio_over_phub():
 
 
 def test_scaling_ratio_carries_phubs_bound():
-    rows = [_row(system="phub", workers=1, exchanges_per_s=10.0), _row(system="phub", workers=2, exchanges_per_s=18.0,
-                                                                       bound="cpu"),
-            _row(system="pshard", workers=1, exchanges_per_s=8.0), _row(system="pshard", workers=2, exchanges_per_s=9.0)]
+    rows = [_row(system="phub", workers=1, exchanges_per_s=10.0),
+            _row(system="phub", workers=2, exchanges_per_s=18.0, bound="cpu"),
+            _row(system="pshard", workers=1, exchanges_per_s=8.0),
+            _row(system="pshard", workers=2, exchanges_per_s=9.0)]
     values = normalize.scaling(_frame(rows)).set_index(["system", "workers"])
     assert values.loc[("pshard", 2), "bound"] == "wire"
     assert values.loc[("pshard", 2), "over_phub_bound"] == "cpu"
