@@ -9,22 +9,25 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
-from . import derive
+from . import derive, normalize
 from .plotting import (
     ERRORBAR,
     ESTIMATOR,
     OURS,
     PAPER,
-    label_order,
+    dodge,
     legend_below,
     no_data,
+    ours_points,
+    paper_points,
     panels,
     plain_log,
     save,
+    style_entries,
+    system_entries,
     system_palette,
 )
 from .reference import PAPER_MODEL, system_label
-from .results import experiment
 
 # Components named as the paper's chart names them; ours are compute, aggregator, optimizer and
 # network_and_other. Shared names get the same colour in both panels.
@@ -69,31 +72,50 @@ def _stacked(ax, frame: pd.DataFrame, bar_column: str, models: Sequence[str],
 
 
 def breakdown(runs: pd.DataFrame, ref, out_dir: Path) -> Path:
-    """Figure (f): where the time of an iteration goes, stock PS vs PHub, relative to the stock
-    PS's whole iteration for the same model."""
+    """Figure (f): left, PHub's whole iteration over the stock PS's for the same model, the
+    paper's (hollow) and ours (filled) on the same axes; middle and right, where the time goes,
+    stacked, each bar relative to the stock PS's whole iteration."""
     paper = ref["breakdown_mxnet_ps"].data.copy()
     paper["model"] = paper["model"].map(lambda m: PAPER_MODEL.get(m, m))
     totals = paper[paper["phase"] == "before"].groupby("model")["seconds"].sum()
     paper["relative"] = paper["seconds"] / paper["model"].map(totals)
-    ours = derive.breakdown(runs)
-    fig, axes = panels(1, 2, sharey=True, size=(5.6, 4.0))
-    models = list(dict.fromkeys(list(paper["model"]) + sorted(ours["model"].unique())))
-    _stacked(axes[0][0], paper, "phase", models)
-    axes[0][0].set(title=PAPER, ylabel="time per iteration / stock PS's")
-    axes[0][1].set_title(OURS)
+    ours = derive.breakdown(normalize.usable(runs))
+    ratios = normalize.summarize(normalize.breakdown(runs), ["model"], "ratio")
+    paper_ratio = normalize.paper_breakdown(ref)
+    fig, axes = panels(1, 3, sharey=False, size=(5.0, 4.0))
+    compare, left, right = axes[0]
+    models = list(dict.fromkeys(list(paper["model"]) + sorted(ours["model"].unique())
+                                + sorted(ratios["model"].astype(str).unique())))
+    position = {m: i for i, m in enumerate(models)}
+    colour = system_palette(["phub"])[system_label("phub")]
+    paper_points(compare, paper_ratio["model"].map(position), paper_ratio["ratio"], colour, line=False)
+    if ratios.empty:
+        no_data(compare)
+    else:
+        ours_points(compare, ratios["model"].map(position), ratios, colour, line=False)
+    compare.axhline(1.0, color="0.25", linestyle=":", linewidth=1)
+    compare.set_xticks(range(len(models)))
+    compare.set_xticklabels(models, rotation=40, ha="right", fontsize=8)
+    compare.set(title="PHub's iteration / stock PS's", ylabel="time per iteration / stock PS's",
+                xlim=(-0.6, len(models) - 0.4))
+    compare.set_ylim(bottom=0, top=max(1.1, compare.get_ylim()[1]))
+    _stacked(left, paper, "phase", models)
+    left.set(title=f"{PAPER}, by component", ylabel="time per iteration / stock PS's")
+    right.set_title(f"{OURS}, by component")
     if ours.empty:
-        no_data(axes[0][1])
+        no_data(right)
     else:
         # IQR of the repeats' whole iteration (full variant), on the bars' relative scale
-        full = experiment(runs, "breakdown")
-        full = full[full["variant"] == "full"].dropna(subset=["seconds_per_iteration"])
+        full = normalize.breakdown_rows(runs)
+        full = full[full["variant"] == "full"]
         spread = full.groupby(["model", "system"])["seconds_per_iteration"].quantile([0.25, 0.75]).unstack()
         spread.columns = ["low", "high"]
         spread = spread.reset_index()
         stock = spread["model"].map(ours.groupby("model")["stock_total"].first())
         spread[["low", "high"]] = spread[["low", "high"]].div(stock, axis=0)
-        _stacked(axes[0][1], ours.sort_values(["model", "system"], key=_stock_first), "system", models, spread)
-    rows = legend_below(fig, axes, title="component", columns=4)
+        _stacked(right, ours.sort_values(["model", "system"], key=_stock_first), "system", models, spread)
+    entries = style_entries(ratios["bound"])
+    rows = legend_below(fig, axes, columns=4, extra=entries)
     return save(fig, out_dir, "breakdown", legend_rows=rows)
 
 
@@ -105,60 +127,68 @@ def _stock_first(column: pd.Series) -> pd.Series:
 
 
 def chunk_sweep(runs: pd.DataFrame, ref, out_dir: Path) -> Path:
-    """Figure (g): samples/s vs chunk size, each curve divided by its own peak."""
-    paper = ref["chunk_size_sweep"].data.copy()
-    paper["normalized"] = paper["samples_per_s"] / paper["samples_per_s"].max()
-    paper["system"] = "PHub"
-    ours = derive.chunk_sweep(runs)
-    for frame in (paper, ours):
-        frame["label"] = frame["system"].map(system_label)
-    palette = system_palette(set(paper["system"]) | set(ours["system"]))
-    fig, axes = panels(1, 2, sharey=True)
-    sizes = sorted(set(paper["chunk_bytes"]) | set(ours["chunk_bytes"].dropna().astype(int)))
-    for ax, source, data in ((axes[0][0], PAPER, paper), (axes[0][1], OURS, ours)):
-        ax.set_title(source)
-        if data.empty:
-            no_data(ax)
-            continue
-        sns.lineplot(data, x="chunk_bytes", y="normalized", hue="label", palette=palette, marker="o",
-                     hue_order=label_order(data["system"]), estimator=ESTIMATOR,
-                     errorbar=ERRORBAR if source == OURS else None, err_style="bars", ax=ax)
-        ax.axvline(32768, color="0.25", linestyle=":", linewidth=1, label="32 KB (PHub's chunk)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes)
-        ax.set_xticklabels([_kb(s) for s in sizes], rotation=45, fontsize=8)
-        ax.set_xlabel("chunk size")
-    axes[0][0].set(ylabel="samples / s, relative to the peak", ylim=(0, 1.1))
-    rows = legend_below(fig, axes)
+    """Figure (g): samples/s relative to each curve's own peak against the paper-equivalent chunk
+    size (ours: chunk_bytes_paper, or chunk_bytes x s_m), the paper's and ours on the same axes."""
+    paper = normalize.paper_chunk_sweep(ref)
+    values = normalize.chunk_sweep(runs)
+    names = sorted(set(paper["system"]) | set(values["system"]))
+    palette = system_palette(names)
+    fig, axes = panels(1, 1, size=(7.6, 3.8))
+    ax = axes[0][0]
+    paper_points(ax, paper["chunk_bytes"], paper["normalized"], palette[system_label("phub")])
+    for name in sorted(values["system"].unique()):
+        mine = normalize.summarize(values[values["system"] == name], ["chunk_bytes_paper"], "normalized")
+        ours_points(ax, mine["chunk_bytes_paper"], mine, palette[system_label(name)])
+    if values.empty:
+        no_data(ax)
+    ax.axvline(32768, color="0.25", linestyle=":", linewidth=1, label="32 KB (PHub's chunk)")
+    sizes = sorted(set(paper["chunk_bytes"]) | set(values["chunk_bytes_paper"].dropna().astype(int)))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([_kb(s) for s in sizes], rotation=45, fontsize=8)
+    ax.minorticks_off()
+    ax.set(xlabel="chunk size, paper-equivalent (ours: chunk bytes x s_m)",
+           ylabel="samples / s, relative to the peak", ylim=(0, 1.1))
+    entries = system_entries(names) + style_entries(values["bound"])
+    rows = legend_below(fig, axes, extra=entries)
     return save(fig, out_dir, "chunk_sweep", legend_rows=rows)
 
 
 def _kb(size: int) -> str:
-    return f"{size // 1048576} MB" if size >= 1048576 else f"{size // 1024} KB"
+    if size >= 1048576:
+        return f"{size / 1048576:g} MB"
+    return f"{size / 1024:g} KB" if size >= 1024 else f"{size} B"
 
 
 def bandwidth_per_ps(runs: pd.DataFrame, ref, out_dir: Path,
                      compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
     """Figure (h): Gbps one PS needs for 8 workers by placement, computed from phub's layouts and
-    a compute time per iteration, beside the paper's printed table. Needs no measurements."""
+    a compute time per iteration, on the same axes as the paper's printed table (hollow).
+    Needs no measurements."""
     paper = ref["bandwidth_per_ps"].data.melt(id_vars="model", var_name="placement", value_name="gbps")
     paper["model"] = paper["model"].map(lambda m: PAPER_MODEL.get(m, m))
     models = list(dict.fromkeys(paper["model"]))
     ours = derive.bandwidth_table(ref, models, compute_seconds)
-    fig, axes = panels(1, 2, sharey=True)
-    for ax, source, data in ((axes[0][0], PAPER, paper), (axes[0][1], OURS, ours)):
-        sns.barplot(data, x="model", y="gbps", hue="placement", order=models, hue_order=derive.PLACEMENTS,
-                    palette="muted", ax=ax)
-        ax.set(title=source, xlabel="")
-        plain_log(ax)
-        ax.tick_params(axis="x", labelsize=8)
+    position = {m: i for i, m in enumerate(models)}
+    colours = dict(zip(derive.PLACEMENTS, sns.color_palette("muted", len(derive.PLACEMENTS))))
+    fig, axes = panels(1, 1, size=(7.0, 4.0))
+    ax = axes[0][0]
+    for i, placement in enumerate(derive.PLACEMENTS):
+        shift = dodge(i, len(derive.PLACEMENTS))
+        theirs = paper[paper["placement"] == placement]
+        paper_points(ax, theirs["model"].map(position) + shift, theirs["gbps"], colours[placement], line=False)
+        mine = ours[ours["placement"] == placement]
+        ax.plot(mine["model"].map(position) + shift, mine["gbps"], linestyle="none", marker="o", markersize=5,
+                color=colours[placement], zorder=3, label=placement)
+    plain_log(ax)
     times = ours.groupby("model")[["compute_seconds", "t_source"]].first()
-    axes[0][1].set_xticks(range(len(models)))
-    axes[0][1].set_xticklabels([f"{m}\nT={times.loc[m, 'compute_seconds']:.3g} s\n({times.loc[m, 't_source']})"
-                                for m in models], fontsize=7)
-    axes[0][1].set_title(f"{OURS} (computed, N=8)")
-    axes[0][0].set_ylabel("Gbps one PS needs")
-    rows = legend_below(fig, axes, title="placement (C = colocated, NC = not; C = centralized, S = sharded)")
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels([f"{m}\nT={times.loc[m, 'compute_seconds']:.3g} s\n({times.loc[m, 't_source']})"
+                        for m in models], fontsize=7)
+    ax.set(title=f"{PAPER} (hollow) and {OURS}, computed for N=8 (filled)", ylabel="Gbps one PS needs")
+    entries = style_entries()[:1] + [(style_entries()[1][0], f"{OURS} (computed)")]
+    rows = legend_below(fig, axes, title="placement (C = colocated, NC = not; C = centralized, S = sharded)",
+                        columns=4, extra=entries)
     return save(fig, out_dir, "bandwidth_per_ps", legend_rows=rows)
 
 

@@ -1,20 +1,23 @@
-"""Shared look of every figure: one "paper" panel beside one "this reproduction" panel (or a row of
-each), medians with interquartile-range error bars, one colour per system, and atomic PNG output."""
+"""Shared look of every figure: ours and the paper's on the same axes (the paper's values hollow
+on dashed lines, ours filled with the interquartile range of the repeats), one colour per system,
+a mark on every point of ours that this machine's CPU bounded, and atomic PNG output."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterable, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import matplotlib
 
 matplotlib.use("Agg")  # figures are files; never open a window
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from .output import atomic_write  # noqa: E402
 from .reference import PAPER_TO_OURS, system_label  # noqa: E402
 
-PAPER, OURS = "paper", "this reproduction"
+PAPER, OURS = "paper", "ours"
 NO_DATA = "no data from this run"
 ESTIMATOR = "median"
 ERRORBAR = ("pi", 50)  # the 25th..75th percentile of the repeats: the interquartile range
@@ -57,7 +60,12 @@ def panels(nrows: int = 1, ncols: int = 2, sharey: Union[bool, str] = True,
 
 
 def no_data(ax, text: str = NO_DATA) -> None:
-    """Mark a panel as empty: the text in its middle, no ticks."""
+    """Mark a panel as having none of our data. An empty panel gets the text in its middle and no
+    x ticks; a panel that already shows the paper's values gets "ours: <text>" along its top."""
+    if ax.has_data():
+        ax.text(0.5, 0.97, f"{OURS}: {text}", ha="center", va="top", transform=ax.transAxes, fontsize=9,
+                color="0.35", style="italic")
+        return
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=11,
             color="0.35", style="italic", wrap=True)
     ax.set_xticks([])
@@ -76,10 +84,73 @@ def plain_log(ax, axis: str = "y") -> None:
     target.set_minor_formatter(NullFormatter())
 
 
-def legend_below(fig, axes, title: str = "", columns: int = 3) -> int:
-    """One legend for the whole figure, under the panels, built from every panel's handles.
-    Returns how many rows it takes (for `save`)."""
+# how a point of ours that was not bound by the emulated network is marked, over its filled marker
+BOUND_MARKS = {"cpu": ("CPU-bound here: not comparable", "black"),
+               "mixed": ("partly CPU-bound (mixed): not comparable", "0.5")}
+
+
+def paper_points(ax, x, y, colour, line: bool = True, label: Optional[str] = None) -> None:
+    """The paper's values: hollow markers, on a dashed line when `line`."""
+    ax.plot(x, y, linestyle="--" if line else "none", marker="o", markersize=7, markerfacecolor="white",
+            markeredgecolor=colour, markeredgewidth=1.6, color=colour, linewidth=1.1, zorder=2, label=label)
+
+
+def ours_points(ax, x, summary, colour, line: bool = True, label: Optional[str] = None) -> None:
+    """Our values from `normalize.summarize`: filled markers at the median, interquartile range as
+    error bars, on a solid line when `line`, and the CPU-bound ones marked (`mark_bounds`)."""
+    x = np.asarray(x, dtype=float)
+    med = summary["median"].to_numpy(dtype=float)
+    low = np.clip(med - summary["q25"].to_numpy(dtype=float), 0, None)
+    high = np.clip(summary["q75"].to_numpy(dtype=float) - med, 0, None)
+    ax.errorbar(x, med, yerr=[low, high], fmt="-o" if line else "o", color=colour, markersize=6,
+                capsize=3, linewidth=1.6, elinewidth=1, zorder=3, label=label)
+    mark_bounds(ax, x, med, summary["bound"])
+
+
+def mark_bounds(ax, x, y, bounds) -> None:
+    """An "x" over every point whose bound is cpu (black) or mixed (grey)."""
+    bounds = np.asarray(list(bounds), dtype=object)
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    for bound, (_, colour) in BOUND_MARKS.items():
+        chosen = bounds == bound
+        if chosen.any():
+            ax.scatter(x[chosen], y[chosen], marker="x", s=120, color=colour, linewidths=2.2, zorder=4)
+
+
+def style_entries(bounds: Iterable[str] = ()) -> List[Tuple[object, str]]:
+    """Legend entries for the two sources, and for each kind of marked point in `bounds`."""
+    entries = [(Line2D([], [], linestyle="--", marker="o", color="0.3", markerfacecolor="white",
+                       markeredgewidth=1.6), PAPER),
+               (Line2D([], [], linestyle="-", marker="o", color="0.3"), f"{OURS} (median, IQR of repeats)")]
+    present = set(bounds)
+    for bound, (text, colour) in BOUND_MARKS.items():
+        if bound in present:
+            entries.append((Line2D([], [], linestyle="none", marker="x", markersize=9, color=colour,
+                                   markeredgewidth=2.2), text))
+    return entries
+
+
+def system_entries(names: Sequence[str]) -> List[Tuple[object, str]]:
+    """Legend entries, one coloured square per system, in the fixed order."""
+    palette = system_palette(names)
+    return [(Line2D([], [], linestyle="none", marker="s", markersize=9, color=palette[label]), label)
+            for label in label_order(names)]
+
+
+def dodge(index: int, count: int, width: float = 0.7) -> float:
+    """Offset of the index-th of `count` series around a category's position."""
+    return 0.0 if count <= 1 else (index - (count - 1) / 2) * width / count
+
+
+def legend_below(fig, axes, title: str = "", columns: int = 3,
+                 extra: Sequence[Tuple[object, str]] = (), after: Sequence[Tuple[object, str]] = ()) -> int:
+    """One legend for the whole figure, under the panels: the `extra` (handle, label) pairs, every
+    panel's labelled handles, then the `after` pairs. Returns how many rows it takes (for `save`)."""
     handles, labels = {}, []
+    for handle, label in extra:
+        if label not in handles:
+            handles[label] = handle
+            labels.append(label)
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             if label not in handles:
@@ -87,6 +158,10 @@ def legend_below(fig, axes, title: str = "", columns: int = 3) -> int:
                 labels.append(label)
         if ax.get_legend() is not None:
             ax.get_legend().remove()
+    for handle, label in after:
+        if label not in handles:
+            handles[label] = handle
+            labels.append(label)
     if not labels:
         return 0
     columns = min(len(labels), columns)
