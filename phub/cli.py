@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
     exchange.add_argument("--json", action="store_true", help="print each result row as JSON (one line per repeat, the last lines)")
     exchange.add_argument("--repeats", type=_positive_int, default=1,
-                          help="runs on the same network (one emulated rack), each with fresh processes; "
-                               "one row (JSON line) each (default 1)")
+                          help="blocks of --iterations timed iterations after one --warmup, in one start of the "
+                               "processes on one network (one emulated rack); one row (JSON line) each (default 1)")
     exchange.add_argument("--compute", choices=("zero", "replay", "real"), default="zero",
                           help="zero: exchanges only; replay: the model's GPU compute time, overlapped as in "
                                "training; real: train the MXNet model zoo network on synthetic data (default zero)")

@@ -28,7 +28,7 @@ def test_points_take_a_whole_node_and_the_environment_sets_partition_account_and
     run = _dry_run(tmp_path, {"PHUB_SLURM_PARTITION": "compute", "PHUB_SLURM_ACCOUNT": "proj",
                               "PHUB_SLURM_CPUS": "16"})
     assert run.returncode == 0, run.stdout + run.stderr
-    point = _resources(run.stdout, "run_point")
+    point = _resources(run.stdout, "run_shape")
     assert point["slurm_extra"] == "--exclusive --mem=0" and point["mem_mb"] == "0"
     assert point["slurm_partition"] == "compute" and point["slurm_account"] == "proj"
     assert point["cpus_per_task"] == "16"
@@ -39,7 +39,7 @@ def test_points_take_a_whole_node_and_the_environment_sets_partition_account_and
 def test_defaults_fit_the_one_node_test_cluster(tmp_path):
     run = _dry_run(tmp_path, {})
     assert run.returncode == 0, run.stdout + run.stderr
-    point = _resources(run.stdout, "run_point")
+    point = _resources(run.stdout, "run_shape")
     if "PHUB_SLURM_PARTITION" not in os.environ:
         assert point["slurm_partition"] == "debug"
     if "PHUB_SLURM_CPUS" not in os.environ:

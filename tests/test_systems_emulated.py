@@ -28,9 +28,10 @@ def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
     assert row["bytes_per_worker"] < 102197944 / 100  # the model was scaled by s_m = 200
 
 
-def test_repeats_share_one_rack_and_start_fresh_processes(tmp_path):
-    """`phub bench exchange --repeats 2` (what each pipeline point runs): one rack, built and
-    measured once, two verified rows streamed as JSON lines."""
+def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp_path):
+    """`phub bench exchange --repeats 2`: one rack, built and measured once, one start of the
+    processes, two verified rows (one per block of timed iterations) as JSON lines, each with
+    what bounded it."""
     import json
     import subprocess
     import sys
@@ -46,4 +47,8 @@ def test_repeats_share_one_rack_and_start_fresh_processes(tmp_path):
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 2 and all(r["verified"] for r in rows)
     assert rows[0]["cluster"]["run_id"] == rows[1]["cluster"]["run_id"]  # the same rack
-    assert run.stderr.count("ms per iteration") == 2  # a summary as each repeat ends
+    assert run.stderr.count("ms per iteration") == 2  # a summary per repeat
+    assert [r["repeat"] for r in rows] == [0, 1]
+    for row in rows:
+        assert row["bound"]["bound"] in ("wire", "mixed", "cpu")
+        assert 0 < row["bound"]["link_utilization"] < 1.2 and 0 <= row["bound"]["cpu_busy"] <= 1

@@ -13,7 +13,8 @@ import points  # noqa: E402
 
 CONFIGS = ["config/config.yaml", "config/quick.yaml"]
 SCHEMA = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-EXPERIMENTS = {"pbox", "capacity", "scaling", "cross_rack", "oversubscription", "breakdown", "chunk_sweep"}
+EXPERIMENTS = {"pbox", "capacity", "scaling", "cross_rack", "oversubscription", "breakdown", "chunk_sweep",
+               "multitenant", "calibration"}
 
 
 def load(name):
@@ -29,7 +30,47 @@ def test_configs_validate_and_cover_every_experiment(name):
     keys = [f"{p['experiment']}/{p['id']}" for p in grid]
     assert len(keys) == len(set(keys)), "point ids must be unique"
     for p in grid:
+        if p["experiment"] == "calibration":  # unshaped, on loopback: what limits a server core
+            assert p["network"] == "loopback" and "rack" not in p
+            continue
         assert p["workers"] == p["rack"]["racks"] * p["rack"]["workers_per_rack"], p["id"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_host_link_runs_at_the_cap_and_runs_take_time_stretch_times_the_papers(name):
+    config = load(name)
+    stretch = config["rack"]["time_stretch"]
+    for p in points.points(config):
+        if "rack" not in p or p["experiment"] == "chunk_sweep":
+            continue
+        scale = p["rack"]["scale"]
+        assert p["rack"]["link_gbps"] * 1000 / scale["network"] == pytest.approx(config["rack"]["max_link_mbit"])
+        assert scale["network"] / scale["model"] == pytest.approx(stretch), p["id"]
+        assert p["chunk_bytes_paper"] == round(p["chunk_bytes"] * scale["model"])
+
+
+def test_the_chunk_sweep_runs_paper_equivalent_sizes_without_duplicates():
+    config = load("config/config.yaml")
+    sweep = [p for p in points.points(config) if p["experiment"] == "chunk_sweep"]
+    wanted = [kb * 1024 for kb in config["experiments"]["chunk_sweep"]["chunk_kb"]]
+    assert [p["chunk_bytes_paper"] for p in sweep] == pytest.approx(wanted, rel=0.01)
+    assert len({p["chunk_bytes"] for p in sweep}) == len(sweep)
+    assert all(p["chunk_bytes"] % 4 == 0 for p in sweep)
+
+
+def test_points_sharing_a_rack_form_one_shape_and_equal_measurements_are_taken_once():
+    config = load("config/config.yaml")
+    shapes = points.shapes(config)
+    for members in shapes.values():
+        assert len({str(p.get("rack")) for p in members}) == 1
+    grid = points.points(config)
+    by_key = {f"{p['experiment']}/{p['id']}": p for p in grid}
+    # the breakdown's full variant is the pbox point of the same model, system and setting
+    assert by_key["breakdown/alexnet-phub-full"]["measurement"] == by_key["pbox/ib56g-alexnet-phub"]["measurement"]
+    assert by_key["breakdown/alexnet-phub-full"]["shape"] == by_key["pbox/ib56g-alexnet-phub"]["shape"]
+    assert by_key["breakdown/alexnet-phub-no_compute"]["measurement"] != by_key["pbox/ib56g-alexnet-phub"]["measurement"]
+    # capacity with the scaling experiment's interfaces is the scaling series of phub
+    assert by_key["capacity/k8-n4"]["measurement"] == by_key["scaling/phub-n4"]["measurement"]
 
 
 def test_the_grid_follows_the_config():
@@ -64,14 +105,14 @@ def test_dry_run_plans_every_point_figure_and_the_report(tmp_path):
     run = _dry_run(tmp_path, config)
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
-    planned = out.count("rule run_point:")
-    assert planned == len(points.points(config))
+    planned = out.count("rule run_shape:")
+    assert planned == len(points.shapes(config))
     for rule in ("provision", "build", "convergence", "report", "figure_scaling", "figure_cross_rack"):
         assert f"rule {rule}:" in out, rule
 
 
 def test_network_hostfile_needs_a_hostfile_and_passes_it_to_every_point():
-    import run_point
+    import run_shape
 
     config = dict(load("config/quick.yaml"), network="hostfile")
     with pytest.raises(jsonschema.ValidationError, match="hostfile"):
@@ -80,8 +121,8 @@ def test_network_hostfile_needs_a_hostfile_and_passes_it_to_every_point():
     jsonschema.validate(config, SCHEMA)
     grid = points.points(config)
     phub_point = next(p for p in grid if p["system"] == "phub" and p["experiment"] == "cross_rack" and p["racks"] == 2)
-    argv = run_point.bench_argv(phub_point)
-    assert argv[argv.index("--network") + 1] == "hostfile" and argv[argv.index("--spec") + 1] == "hosts.yaml"
-    assert argv[argv.index("--racks") + 1] == "2"
-    gloo = run_point.bench_argv(next(p for p in grid if p["system"] == "gloo-ring"))
-    assert "--racks" not in gloo and gloo[gloo.index("--spec") + 1] == "hosts.yaml"
+    options = run_shape.options_for(phub_point)
+    assert (options.network, options.spec, options.racks) == ("hostfile", "hosts.yaml", 2)
+    assert "rack" not in phub_point  # real machines: nothing is shaped or scaled
+    gloo = run_shape.options_for(next(p for p in grid if p["system"] == "gloo-ring"))
+    assert (gloo.network, gloo.spec) == ("hostfile", "hosts.yaml")

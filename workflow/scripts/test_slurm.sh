@@ -6,13 +6,14 @@
 # Run as root from the repository root, after `make venv`. Bounded by $PHUB_SLURM_TEST_TIMEOUT
 # seconds (default 600) for the pipeline. The cluster is stopped at the end unless it was
 # already up before the test.
-#   PHUB_SLURM_POINTS="scaling/phub-n2 scaling/gloo-ring-n2"   the points to run (quick grid keys)
+#   PHUB_SLURM_POINTS="scaling/phub-n1 scaling/gloo-ring-n2"   the points to run (quick grid keys;
+#                                                              their shapes run, one job each)
 #   PHUB_SLURM_RESULTS=results/slurm-test                      where they go (emptied first)
 set -euo pipefail
 
 VENV=${VENV:-.venv}
 RESULTS=${PHUB_SLURM_RESULTS:-results/slurm-test}
-POINTS=${PHUB_SLURM_POINTS:-scaling/phub-n2 scaling/gloo-ring-n2}
+POINTS=${PHUB_SLURM_POINTS:-scaling/phub-n1 scaling/gloo-ring-n2}
 LIMIT=${PHUB_SLURM_TEST_TIMEOUT:-600}
 CLUSTER=workflow/scripts/slurm_localhost.sh
 
@@ -42,8 +43,17 @@ trap cleanup EXIT
 "$CLUSTER" start
 export PHUB_SLURM_CPUS=${PHUB_SLURM_CPUS:-$(nproc)}
 
+# A point runs inside its shape's job (the points that share one rack): the targets are the shapes.
+SHAPES=$("$VENV/bin/python" -c '
+import sys, yaml
+sys.path.insert(0, "workflow/scripts")
+import points
+grid = points.by_key(yaml.safe_load(open("config/quick.yaml")))
+print(" ".join(sorted({grid[key]["shape"] for key in sys.argv[1:]})))' $POINTS) || fail "unknown point in: $POINTS"
 targets=()
-for p in $POINTS; do targets+=("$RESULTS/points/$p.csv"); done
+for s in $SHAPES; do targets+=("$RESULTS/shapes/$s.done"); done
+csvs=()
+for p in $POINTS; do csvs+=("$RESULTS/points/$p.csv"); done
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"
 log=$RESULTS/snakemake.log
@@ -62,34 +72,34 @@ if ((rc != 0)); then
 fi
 
 # 1. The files: the build's self-test and one CSV per point, with rows.
-for f in "$RESULTS/build/selftest.json" "${targets[@]}"; do
+for f in "$RESULTS/build/selftest.json" "${targets[@]}" "${csvs[@]}"; do
     [[ -s $f ]] || fail "missing or empty: $f"
 done
-for f in "${targets[@]}"; do
+for f in "${csvs[@]}"; do
     (($(wc -l <"$f") >= 2)) || fail "$f has no data rows"
 done
 
 # 2. Every submitted job went through SLURM and completed there: the executor logs one SLURM job
 # id per job; sacct (the accounting database) must know each as COMPLETED, and the jobs must
-# cover provision, build and every point.
+# cover provision, build and every shape.
 mapfile -t ids < <(sed -n 's/.*submitted with SLURM jobid \([0-9][0-9]*\).*/\1/p' "$log" | sort -u)
-expected=$((2 + $(wc -w <<<"$POINTS")))
-((${#ids[@]} == expected)) || fail "expected $expected SLURM jobs (provision, build, one per point), the log names ${#ids[@]}"
+expected=$((2 + $(wc -w <<<"$SHAPES")))
+((${#ids[@]} == expected)) || fail "expected $expected SLURM jobs (provision, build, one per shape), the log names ${#ids[@]}"
 acct=$(timeout 30 sacct -X -n -P -j "$(IFS=,; echo "${ids[*]}")" -o JobID,NodeList,Start,End,State,Comment)
 while IFS= read -r line; do echo "test-slurm: sacct: $line"; done <<<"$acct" >&2
 (($(grep -c '|COMPLETED|' <<<"$acct") == expected)) || fail "not every SLURM job is COMPLETED in sacct"
 for rule in rule_provision rule_build; do
     grep -q "|$rule\$" <<<"$acct" || fail "no completed SLURM job for ${rule#rule_}"
 done
-for p in $POINTS; do
-    grep -q "|rule_run_point_wildcards_${p%%/*}_${p#*/}\$" <<<"$acct" || fail "no completed SLURM job for point $p"
+for s in $SHAPES; do
+    grep -q "|rule_run_shape_wildcards_${s}\$" <<<"$acct" || fail "no completed SLURM job for shape $s"
 done
-# 3. A point takes the whole node: on this one-node cluster no two points ran at the same time.
-overlap=$(grep '|rule_run_point_' <<<"$acct" | awk -F'|' '
+# 3. A shape takes the whole node: on this one-node cluster no two shapes ran at the same time.
+overlap=$(grep '|rule_run_shape_' <<<"$acct" | awk -F'|' '
     { start[NR] = $3; end[NR] = $4 }
     END { for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++)
               if (start[i] < end[j] && start[j] < end[i]) print start[i] "-" end[i] " and " start[j] "-" end[j] }')
-[[ -z $overlap ]] || fail "points overlapped on the node (not exclusive): $overlap"
+[[ -z $overlap ]] || fail "shapes overlapped on the node (not exclusive): $overlap"
 echo "test-slurm: OK: ${expected} jobs ran through SLURM (${ids[*]}), $(wc -w <<<"$POINTS") points written under $RESULTS" >&2
 
 # 4. Placement by srun (network: hostfile): inside an allocation, `phub hostfile --from-slurm`

@@ -1,0 +1,79 @@
+"""What bounded a run (experiments.monitor): the summary of made-up samples, and a real run."""
+import os
+
+import pytest
+
+from experiments.monitor import Monitor, Sample, block, classify, summarize
+
+NS_W, NS_S = "net:[1]", "net:[2]"
+
+
+def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu=0.6, link_bytes_per_s=5e6):
+    """Two workers (pids 11, 12 in NS_W) and a server (pid 20 in NS_S) working at steady rates."""
+    out = []
+    for i in range(int(seconds / period) + 1):
+        t = i * period
+        out.append(Sample(t=t, busy=busy_per_s * t,
+                          procs={11: (worker_cpu * t, "experiments.worker"), 12: (worker_cpu * t / 2, "experiments.worker"),
+                                 20: (server_cpu * t, "phub server")},
+                          links={f"{NS_W}/veth0": (int(link_bytes_per_s * t), int(link_bytes_per_s * t / 2)),
+                                 f"{NS_S}/eth0": (int(link_bytes_per_s * t / 4), 0)},
+                          pid_ns={11: NS_W, 12: NS_W, 20: NS_S}))
+    return out
+
+
+def _ranks(start=1.0, end=3.0, paused=0.0, verify_cpu=0.0):
+    return [{"rank": 0, "pid": 11, "window": (start, end), "paused": paused, "verify_cpu": verify_cpu},
+            {"rank": 1, "pid": 12, "window": (start, end), "paused": 0.0, "verify_cpu": 0.0}]
+
+
+def test_steady_rates_come_out_exactly():
+    got = summarize(_samples(server_cpu=0.7), _ranks(), cores=2, host_mbit=100, server_mbit=100)
+    assert got["cpu_busy"] == pytest.approx(0.5, abs=1e-3)  # 1 core-second per second of 2 cores
+    assert got["busiest_process"] == "phub server" and got["busiest_process_cpu"] == pytest.approx(0.7, abs=1e-3)
+    assert got["service_cpu"] == pytest.approx(0.7, abs=1e-3)
+    assert got["link_utilization"] == pytest.approx(5e6 * 8 / 100e6, abs=1e-3)  # the busiest direction: worker rx
+    assert got["bound"] == "mixed"  # the server used 0.7 of a core while its links were not full
+
+
+def test_oracle_checks_are_taken_out_of_the_cpu_figures():
+    # 1 s of the 2 s window was checking, at 1 core: the cores' and rank 0's figures drop by it
+    got = summarize(_samples(busy_per_s=1.5, worker_cpu=0.9, server_cpu=0.6), _ranks(paused=0.5, verify_cpu=1.0),
+                    cores=2)
+    assert got["timed_seconds"] == pytest.approx(1.5)
+    assert got["cpu_busy"] == pytest.approx((1.5 * 2 - 1.0) / (2 * 1.5), abs=1e-3)
+    assert got["busiest_process_cpu"] == pytest.approx(max(0.6 * 2, 0.9 * 2 - 1.0) / 1.5, abs=1e-3)
+
+
+@pytest.mark.parametrize("cpu, busiest, link, bound", [
+    (0.3, 0.2, 0.5, "wire"), (0.7, 0.2, 0.5, "mixed"), (0.3, 0.9, None, "cpu"), (0.9, 0.2, 0.95, "cpu"),
+    (0.7, 0.4, 0.9, "wire"),  # the link ran full: it set the pace, the cores kept up
+])
+def test_classify(cpu, busiest, link, bound):
+    assert classify(cpu, busiest, link) == bound
+
+
+def test_a_window_the_samples_do_not_cover_gives_nothing():
+    assert summarize(_samples(seconds=2.0), _ranks(start=1.0, end=3.0), cores=2) == {}
+    assert summarize([], _ranks(), cores=2) == {}
+    assert summarize(_samples(), [{"rank": 0, "pid": 11, "window": None}], cores=2) == {}
+
+
+def test_blocks_cut_the_stamps_of_each_rank():
+    ranks = [{"rank": 0, "pid": 5, "stamps": [0, 1, 2, 3, 4], "checks": [[0.1, 0.05]] * 4}]
+    (view,) = block(ranks, 2, 2)
+    assert view["window"] == (2, 4) and view["paused"] == pytest.approx(0.2) and view["verify_cpu"] == pytest.approx(0.1)
+    (short,) = block(ranks, 3, 2)
+    assert short["window"] is None
+
+
+def test_the_monitor_sees_its_own_children_burn_cpu():
+    import subprocess
+    import sys
+
+    with Monitor(period=0.05) as monitor:
+        child = subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"])
+    assert child.returncode == 0
+    used = max(cpu for s in monitor.samples for pid, (cpu, name) in s.procs.items())
+    assert used >= 0.3 and len(monitor.samples) >= 5
+    assert all(s.busy >= 0 for s in monitor.samples) and os.getpid() not in monitor.samples[-1].procs
