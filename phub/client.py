@@ -17,16 +17,17 @@ import selectors
 import socket
 import threading
 from collections import deque
-from typing import Dict, Hashable, List, Optional
+from typing import Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
 from . import wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
+from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address, recv_control
+from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, recv_control
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -53,8 +54,7 @@ class Client:
             raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_workers:
             raise ConfigError(f"rank must be in [0, {num_workers}), got {rank!r}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        timeout = check_timeout(timeout)
         self.rank, self.num_workers, self.job_id, self.timeout = rank, num_workers, job_id, timeout
         self._token = token
         self._error: Optional[PHubError] = None
@@ -71,9 +71,7 @@ class Client:
         self._optimizer_acks: Optional[Handle] = None
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
-        if not addresses:
-            raise ConfigError("no server address given")
-        welcomes = [self._discover(parse_address(a)) for a in addresses]
+        welcomes = [self._discover(a) for a in server_addresses(address)]
         shape = [(len(w["interfaces"]), w["cores"], w["lanes_per_pair"], w["chunk_bytes"]) for w in welcomes]
         if len(set(shape)) != 1:
             raise ConfigError(f"the shards {addresses} differ in (interfaces, cores, lanes per pair, "
@@ -396,6 +394,19 @@ class Client:
             raise PHubError("the client is closed")
 
 
+def server_addresses(text: str) -> List[Tuple[str, int]]:
+    """`HOST:PORT[,HOST:PORT...]` as (host, port) pairs; ConfigError says what is wrong."""
+    if not isinstance(text, str) or not text.strip(" ,"):
+        raise ConfigError("no server address given")
+    pairs = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) < 65536:
+            raise ConfigError(f"server address {part!r} must be HOST:PORT with a port in 1..65535")
+        pairs.append((host.strip("[]"), int(port)))
+    return pairs
+
+
 def connect(address: Optional[str] = None, rank: Optional[int] = None, num_workers: Optional[int] = None,
             job_id: Optional[int] = None, token: Optional[str] = None, timeout: Optional[float] = None) -> Client:
     """Connect this worker to its PHub server. Arguments not given come from the environment
@@ -414,10 +425,15 @@ def connect(address: Optional[str] = None, rank: Optional[int] = None, num_worke
                 return default
             raise ConfigError(f"{name} is not set: pass it to phub.connect() or start workers with `phub launch`")
         try:
-            return convert(text)
-        except ValueError:
-            raise ConfigError(f"{name}={text!r} is not a valid value") from None
+            convert(text)
+        except ValueError as exc:  # ConfigError is one
+            raise ConfigError(f"{name}={text!r} is not a valid value: {exc}") from None
+        return convert(text)
 
-    return Client(env(ENV_SERVER, address, str), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
+    def server(text):
+        server_addresses(text)
+        return text
+
+    return Client(env(ENV_SERVER, address, server), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
                   env(ENV_JOB, job_id, int, 0), env(ENV_TOKEN, token, str, ""),
-                  env(ENV_TIMEOUT, timeout, float, DEFAULT_TIMEOUT))
+                  env(ENV_TIMEOUT, timeout, lambda t: check_timeout(float(t)), DEFAULT_TIMEOUT))

@@ -316,7 +316,11 @@ class Core(RackLinks):
         job.shard = shard
         job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
         for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
-            job.peer_links[rack] = self._connect_rack(job, rack)
+            try:
+                job.peer_links[rack] = self._connect_rack(job, rack)
+            except ConfigError as exc:  # the job cannot run without that rack: it fails, the core serves on
+                self._fail(job, str(exc))
+                return str(exc)
         return None
 
     # -- sending ----------------------------------------------------------------------------

@@ -101,10 +101,12 @@ def load_spec(spec: Union[str, os.PathLike, Mapping[str, Any], RackSpec],
         return parse_spec({**spec, **(overrides or {})}, "<dict>")
     path = os.fspath(spec)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
         raise ConfigError(f"rack spec {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"rack spec {path}: not UTF-8 text (byte {exc.start})") from None
     if path.endswith(".json"):
         try:
             data = json.loads(text)
