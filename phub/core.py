@@ -115,9 +115,9 @@ class Core(RackLinks):
             return self.refusals.refused(f"cannot accept: {exc}")
         address = remote[0]
         if self.pending.get(address, 0) >= MAX_PENDING_PER_ADDRESS or sum(self.pending.values()) >= MAX_PENDING:
-            sock.close()
-            return self.refusals.refused(f"too many connections from {address} that have not authenticated "
-                                         f"(at most {MAX_PENDING_PER_ADDRESS} per address, {MAX_PENDING} in all)")
+            self.refusals.refused(f"too many connections from {address} that have not authenticated "
+                                  f"(at most {MAX_PENDING_PER_ADDRESS} per address, {MAX_PENDING} in all)")
+            return sock.close()  # after the log line: whoever sees the close can find it
         peer = Peer(interface, address)
         link = self._add_link(sock, peer)
         link.receiver.max_control = wire.HANDSHAKE_CONTROL_BYTES  # no big allocation before a HELLO
@@ -409,6 +409,8 @@ class Core(RackLinks):
             link.send(frame)
             link.flush_blocking(1.0)
             self._drop(link)
+        if job.verbs is None:  # nothing reads a failed job's arrays again: free them
+            job.state = None
 
     def _check_stalls(self) -> None:
         now = time.monotonic()
