@@ -201,8 +201,15 @@ def cmd_hostfile(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, `phub: error: ...` naming the option, exit status 2 (as a bad value)."""
+
+    def error(self, message: str):
+        self.exit(2, f"phub: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="phub", description="PHub: a rack-scale parameter server")
+    parser = _Parser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     server = sub.add_parser("server", help="run a server alone (for clusters); prints a JSON 'ready' line")

@@ -244,6 +244,8 @@ class Client:
     def pushpull(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None,
                  timeout: Optional[float] = None) -> np.ndarray:
         """Push a gradient and block until the result is in `out` (default: `grad`); returns it."""
+        if timeout is not None:
+            check_timeout(timeout)  # before anything is pushed
         return self.pushpull_async(key, grad, out).wait(timeout)
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
