@@ -17,7 +17,7 @@ import selectors
 import socket
 import threading
 from collections import deque
-from typing import Dict, Hashable, List, Optional, Tuple
+from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, recv_control
+from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_addresses, recv_control
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -71,7 +71,7 @@ class Client:
         self._optimizer_acks: Optional[Handle] = None
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
-        welcomes = [self._discover(a) for a in server_addresses(address)]
+        welcomes = [self._discover(a) for a in parse_addresses(address)]
         shape = [(len(w["interfaces"]), w["cores"], w["lanes_per_pair"], w["chunk_bytes"]) for w in welcomes]
         if len(set(shape)) != 1:
             raise ConfigError(f"the shards {addresses} differ in (interfaces, cores, lanes per pair, "
@@ -396,19 +396,6 @@ class Client:
             raise PHubError("the client is closed")
 
 
-def server_addresses(text: str) -> List[Tuple[str, int]]:
-    """`HOST:PORT[,HOST:PORT...]` as (host, port) pairs; ConfigError says what is wrong."""
-    if not isinstance(text, str) or not text.strip(" ,"):
-        raise ConfigError("no server address given")
-    pairs = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) < 65536:
-            raise ConfigError(f"server address {part!r} must be HOST:PORT with a port in 1..65535")
-        pairs.append((host.strip("[]"), int(port)))
-    return pairs
-
-
 def connect(address: Optional[str] = None, rank: Optional[int] = None, num_workers: Optional[int] = None,
             job_id: Optional[int] = None, token: Optional[str] = None, timeout: Optional[float] = None) -> Client:
     """Connect this worker to its PHub server. Arguments not given come from the environment
@@ -433,7 +420,7 @@ def connect(address: Optional[str] = None, rank: Optional[int] = None, num_worke
         return convert(text)
 
     def server(text):
-        server_addresses(text)
+        parse_addresses(text)
         return text
 
     return Client(env(ENV_SERVER, address, server), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),

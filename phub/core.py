@@ -22,22 +22,20 @@ from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
 from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
 from .kernels import get_backend
+from .admission import Admission
 from .racklinks import RackLinks
 from .rdma.serving import CoreVerbs
 from .session import Job, Peer, RefusalLog
 from .transport import Link, LinkClosed, flush_links
 
 _PUSH = wire.Kind.PUSH
-MAX_PENDING_PER_ADDRESS = 64  # connections of one address that have not authenticated (per core)
-MAX_PENDING = 1024  # ... of all addresses together
-HANDSHAKE_SECONDS = 10.0  # a connection that has not sent an accepted HELLO by then is dropped
 
 
 def _log(message: str) -> None:
     print(f"phub server: {message}", file=sys.stderr, flush=True)
 
 
-class Core(RackLinks):
+class Core(Admission, RackLinks):
     """The event loop of one server core (runs in its own process)."""
 
     def __init__(self, config: ServerConfig, core: int, listeners: List[socket.socket],
@@ -105,54 +103,6 @@ class Core(RackLinks):
                         self._act(job, events)
             except (ProtocolError, JobFailed) as exc:
                 self._fail(job, f"RDMA data path: {exc}")
-
-    def _accept(self, listener: socket.socket, interface: int) -> None:
-        try:
-            sock, remote = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # out of file descriptors, say: refuse this one, keep serving
-            return self.refusals.refused(f"cannot accept: {exc}")
-        address = remote[0]
-        if self.pending.get(address, 0) >= MAX_PENDING_PER_ADDRESS or sum(self.pending.values()) >= MAX_PENDING:
-            self.refusals.refused(f"too many connections from {address} that have not authenticated "
-                                  f"(at most {MAX_PENDING_PER_ADDRESS} per address, {MAX_PENDING} in all)")
-            return sock.close()  # after the log line: whoever sees the close can find it
-        peer = Peer(interface, address)
-        link = self._add_link(sock, peer)
-        link.receiver.max_control = wire.HANDSHAKE_CONTROL_BYTES  # no big allocation before a HELLO
-        peer.pending = True
-        self.pending[address] = self.pending.get(address, 0) + 1
-
-    def _admitted(self, link: Link, peer: Peer) -> None:
-        """The peer's HELLO was accepted: it may now send frames of every size."""
-        link.receiver.max_control = wire.MAX_CONTROL_BYTES
-        self._unpend(peer)
-
-    def _unpend(self, peer: Peer) -> None:
-        if peer.pending:
-            peer.pending = False
-            left = self.pending[peer.address] - 1
-            if left:
-                self.pending[peer.address] = left
-            else:
-                del self.pending[peer.address]
-
-    def _sweep_pending(self) -> None:
-        """Once a second: drop connections past the handshake deadline; log the refusal counts."""
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + 1.0
-        if self.pending:
-            deadline = min(HANDSHAKE_SECONDS, self.config.timeout)
-            for link, peer in list(self.peers.items()):
-                if peer.pending and now - peer.since > deadline:
-                    self.refusals.refused(f"no HELLO accepted within {deadline:g} s")
-                    self._drop(link)
-        line = self.refusals.summary(now)
-        if line:
-            _log(f"core {self.core}: {line}")
 
     def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
         link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame,
