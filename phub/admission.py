@@ -17,7 +17,7 @@ from . import wire
 from .session import Peer
 from .transport import Link
 
-MAX_PENDING_PER_ADDRESS = 64  # connections of one address that have not authenticated (per core)
+MAX_PENDING_PER_ADDRESS = 256  # connections of one address that have not authenticated (per core)
 MAX_PENDING = 1024  # ... of all addresses together
 HANDSHAKE_SECONDS = 10.0  # a connection that has not sent an accepted HELLO by then is dropped
 

@@ -193,8 +193,9 @@ class Core(Admission, RackLinks):
         self._act(job, events)
 
     def _hello(self, link: Link, peer: Peer, body: dict) -> None:
-        if peer.job is not None or not peer.pending:
+        if peer.greeted or not peer.pending:  # also after a discovery: its WELCOME is not sent twice
             raise ProtocolError("HELLO sent twice on one connection")
+        peer.greeted = True
         hello = messages.hello(body, self.limits)  # every field typed and bounded before it is used
         job = self.jobs[hello.job]
         if hello.token != job.spec.token:
@@ -330,6 +331,8 @@ class Core(Admission, RackLinks):
         peer = self.peers.get(link)
         if peer is None or peer.job is None:
             return self._refuse(link, f"protocol error: {message}")
+        if peer.job.ended is not None:  # a late frame of a job that is over: nobody to tell
+            return self._drop(link)
         who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
         self._fail(peer.job, f"{who} sent a bad frame: {message}")
 

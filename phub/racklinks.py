@@ -58,7 +58,9 @@ class RackLinks:
             return self._refuse(link, f"rack {rack} connected core {hello.core!r} to core {self.core} twice "
                                       "or to the wrong core")
         if job.state is None:
-            self._create_state(job, (0, 1))
+            error = self._create_state(job, (0, 1))
+            if error:
+                return self._refuse(link, error)
         peer.job, peer.rack = job, rack
         self._admitted(link, peer)
         job.peer_links[rack] = link

@@ -43,13 +43,14 @@ class Job:
 class Peer:
     """What a server-side connection has proven about itself (nothing until its HELLO)."""
 
-    __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending")
+    __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending", "greeted")
 
     def __init__(self, interface: int, address: str = ""):
         self.interface = interface
         self.address = address  # the remote IP address
         self.since = time.monotonic()  # when the connection was accepted
         self.pending = False  # counted among its address's connections that have not authenticated
+        self.greeted = False  # it sent a HELLO (one per connection)
         self.job: Optional[Job] = None
         self.rank = -1  # the worker's rank in the job (-1: another rack's server)
         self.local = -1  # its index among this server's workers

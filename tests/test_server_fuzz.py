@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import phub
 from phub import wire
+from phub.admission import MAX_PENDING_PER_ADDRESS
 from phub.errors import JobFailed
 from phub.transport import recv_control
 
@@ -215,7 +216,7 @@ def test_silent_connections_are_dropped_at_the_handshake_deadline(server):
 
 
 def test_pending_connections_per_address_are_capped_and_refusals_counted(server):
-    socks = [_connect(server) for _ in range(64)]
+    socks = [_connect(server) for _ in range(MAX_PENDING_PER_ADDRESS)]
     extra = [_connect(server) for _ in range(6)]
     try:
         for sock in extra:
@@ -235,3 +236,13 @@ def test_a_flood_of_refusals_is_logged_once_with_a_counter(server):
             assert "wrong token for job 5000" in _message(_reply(sock))
     text = server["log"].read_text()
     assert text.count("wrong token for job 5000") == 1, text[-2000:]
+
+
+def test_a_connection_says_hello_once(server):
+    job = next(server["jobs"])
+    with _connect(server) as sock:
+        hello = {"job": job, "token": "", "rank": 0, "num_workers": 1, "lane": -1}
+        _send(sock, wire.Kind.HELLO, job, hello)
+        assert _reply(sock).header.kind is wire.Kind.WELCOME
+        _send(sock, wire.Kind.HELLO, job, hello)
+        assert "HELLO sent twice" in _message(_reply(sock))
