@@ -33,6 +33,36 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _timeout(text: str) -> float:
+    from .config import check_timeout
+
+    try:
+        return check_timeout(float(text), "the timeout")
+    except (ValueError, ConfigError) as exc:
+        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ConfigError) else f"not a number: {text!r}")
+
+
+def _peers(text: str):
+    from .config import check_peer
+
+    peers = tuple(p.strip() for p in text.split(",") if p.strip())
+    try:
+        for peer in peers:
+            check_peer(peer)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--peers: ", ""))
+    return peers
+
+
+def _job_bytes(text: str) -> int:
+    from .config import MIN_JOB_BYTES
+
+    value = int(text)
+    if not MIN_JOB_BYTES <= value <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"must be in [{MIN_JOB_BYTES}, {1 << 40}] bytes, got {value}")
+    return value
+
+
 def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> None:
     parser.add_argument(*cores_flags, dest="cores", type=_positive_int, default=1,
                         help="server processes, one per core (default 1)")
@@ -45,9 +75,12 @@ def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> N
                         help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
     parser.add_argument("--lanes-per-pair", type=_positive_int, default=1,
                         help="connections per worker for each (interface, core) pair (default 1)")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds a job may stall (and a blocking worker call may wait) before it fails "
-                             "(default 300)")
+    parser.add_argument("--timeout", type=_timeout, default=300.0,
+                        help="seconds a job may stall, a worker may take to connect, and a blocking worker call "
+                             "may wait before it fails (default 300)")
+    parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
+                        help="bytes of arrays one job may register (default 2 GiB); the server needs about "
+                             "(workers + 3) times this in memory")
 
 
 def _add_transport_option(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +102,9 @@ def _server_config(args, jobs, once: bool):
                         timeout=args.timeout, rack=getattr(args, "rack", 0),
                         peers=tuple(getattr(args, "peers", ()) or ()),
                         transport=getattr(args, "transport", "tcp"),
-                        rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()))
+                        rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()),
+                        report_joins=getattr(args, "report_joins", False),
+                        **({"max_job_bytes": args.max_job_bytes} if args.max_job_bytes else {}))
 
 
 def cmd_server(args) -> int:
@@ -79,7 +114,7 @@ def cmd_server(args) -> int:
     jobs = [JobSpec.parse(text) for text in args.job] or [JobSpec(0, args.workers)]
     server = Server(_server_config(args, jobs, args.once)).start()
     print(json.dumps({"event": "ready", "address": server.address, "endpoints": server.endpoints,
-                      "pids": server.pids}), flush=True)
+                      "pids": server.pids, "max_job_bytes": server.config.max_job_bytes}), flush=True)
 
     def terminate(signum, frame):
         raise KeyboardInterrupt
@@ -166,8 +201,15 @@ def cmd_hostfile(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, `phub: error: ...` naming the option, exit status 2 (as a bad value)."""
+
+    def error(self, message: str):
+        self.exit(2, f"phub: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="phub", description="PHub: a rack-scale parameter server")
+    parser = _Parser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     server = sub.add_parser("server", help="run a server alone (for clusters); prints a JSON 'ready' line")
@@ -178,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--once", action="store_true", help="exit when every job has ended")
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
-    server.add_argument("--peers", type=lambda text: tuple(p for p in text.split(",") if p), default=(),
+    server.add_argument("--peers", type=_peers, default=(),
                         help="two-phase reduction: every rack server's HOST:PORT in rack order, this one included")
+    server.add_argument("--report-joins", action="store_true", help=argparse.SUPPRESS)  # for the launcher
     server.set_defaults(func=cmd_server)
 
     launch = sub.add_parser("launch", help="start a server and N workers running CMD on this machine")
@@ -231,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server`)")
     exchange.add_argument("--bigarray-bound", type=_positive_int, default=1000 * 1000,
                           help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
-    exchange.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take (default 300)")
+    exchange.add_argument("--timeout", type=_timeout, default=300.0, help="seconds a run may take (default 300)")
     exchange.set_defaults(func=cmd_bench_exchange)
 
     selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")

@@ -23,10 +23,11 @@ import numpy as np
 
 from . import wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
+from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_address, recv_control
+from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_addresses, recv_control
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -53,8 +54,7 @@ class Client:
             raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_workers:
             raise ConfigError(f"rank must be in [0, {num_workers}), got {rank!r}")
-        if not timeout > 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+        timeout = check_timeout(timeout)
         self.rank, self.num_workers, self.job_id, self.timeout = rank, num_workers, job_id, timeout
         self._token = token
         self._error: Optional[PHubError] = None
@@ -71,9 +71,7 @@ class Client:
         self._optimizer_acks: Optional[Handle] = None
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
-        if not addresses:
-            raise ConfigError("no server address given")
-        welcomes = [self._discover(parse_address(a)) for a in addresses]
+        welcomes = [self._discover(a) for a in parse_addresses(address)]
         shape = [(len(w["interfaces"]), w["cores"], w["lanes_per_pair"], w["chunk_bytes"]) for w in welcomes]
         if len(set(shape)) != 1:
             raise ConfigError(f"the shards {addresses} differ in (interfaces, cores, lanes per pair, "
@@ -246,6 +244,8 @@ class Client:
     def pushpull(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None,
                  timeout: Optional[float] = None) -> np.ndarray:
         """Push a gradient and block until the result is in `out` (default: `grad`); returns it."""
+        if timeout is not None:
+            check_timeout(timeout)  # before anything is pushed
         return self.pushpull_async(key, grad, out).wait(timeout)
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
@@ -414,10 +414,15 @@ def connect(address: Optional[str] = None, rank: Optional[int] = None, num_worke
                 return default
             raise ConfigError(f"{name} is not set: pass it to phub.connect() or start workers with `phub launch`")
         try:
-            return convert(text)
-        except ValueError:
-            raise ConfigError(f"{name}={text!r} is not a valid value") from None
+            convert(text)
+        except ValueError as exc:  # ConfigError is one
+            raise ConfigError(f"{name}={text!r} is not a valid value: {exc}") from None
+        return convert(text)
 
-    return Client(env(ENV_SERVER, address, str), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
+    def server(text):
+        parse_addresses(text)
+        return text
+
+    return Client(env(ENV_SERVER, address, server), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
                   env(ENV_JOB, job_id, int, 0), env(ENV_TOKEN, token, str, ""),
-                  env(ENV_TIMEOUT, timeout, float, DEFAULT_TIMEOUT))
+                  env(ENV_TIMEOUT, timeout, lambda t: check_timeout(float(t)), DEFAULT_TIMEOUT))

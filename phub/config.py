@@ -1,12 +1,37 @@
 """Validated parameter objects of a PHub server: the jobs it accepts and how it is laid out."""
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
 from .errors import ConfigError
+
+MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
+MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered values: see messages.py
+
+
+def check_timeout(value, name: str = "timeout") -> float:
+    """A timeout in seconds: a number in (0, MAX_TIMEOUT]; ConfigError names `name`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_TIMEOUT:
+        raise ConfigError(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT}], got {value!r}")
+    return float(value)
+
+
+def check_peer(text) -> Tuple[str, int]:
+    """A rack server's discovery address HOST:PORT (IPv4 host, port 1..65535)."""
+    host, sep, port = str(text).rpartition(":")
+    try:
+        socket.inet_aton(host)
+        number = int(port)
+    except (OSError, ValueError):
+        number = -1
+    if not sep or not 1 <= number < 65536 or host.count(".") != 3:
+        raise ConfigError(f"--peers: {text!r} is not IPv4-HOST:PORT")
+    return host, number
 
 Endpoint = Tuple[str, int]
 TRANSPORTS = ("tcp", "verbs", "soft-verbs")
@@ -75,6 +100,8 @@ class ServerConfig:
     transport: str = "tcp"  # or "verbs" (refused at start unless it can run here, see phub doctor),
     # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
     rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
+    max_job_bytes: int = DEFAULT_MAX_JOB_BYTES  # the values one job may register (its arrays' bytes)
+    report_joins: bool = False  # print a JSON line on stdout when a rank connects (for the launcher)
 
     def __post_init__(self):
         object.__setattr__(self, "jobs", tuple(self.jobs))
@@ -95,9 +122,14 @@ class ServerConfig:
         if not isinstance(self.port, int) or not 0 <= self.port < 65536 - self.cores:
             raise ConfigError(f"ServerConfig.port must be 0 (ephemeral) or a free base port, got {self.port!r}")
         chunk_elements(self.chunk_bytes)
-        if not self.timeout > 0:
-            raise ConfigError(f"ServerConfig.timeout must be > 0 seconds, got {self.timeout!r}")
+        object.__setattr__(self, "timeout", check_timeout(self.timeout, "ServerConfig.timeout (--timeout)"))
+        if isinstance(self.max_job_bytes, bool) or not isinstance(self.max_job_bytes, int) or \
+                not MIN_JOB_BYTES <= self.max_job_bytes <= 1 << 40:
+            raise ConfigError(f"ServerConfig.max_job_bytes (--max-job-bytes) must be an integer in "
+                              f"[{MIN_JOB_BYTES}, {1 << 40}], got {self.max_job_bytes!r}")
         object.__setattr__(self, "peers", tuple(self.peers))
+        for peer in self.peers:
+            check_peer(peer)
         if self.peers and (len(self.peers) < 2 or not 0 <= self.rack < len(self.peers)):
             raise ConfigError(f"ServerConfig: rack {self.rack} with peers {list(self.peers)}: "
                               "give every rack server's address (at least two) and this server's index")
@@ -123,6 +155,10 @@ class ServerConfig:
             argv += ["--job", job.to_option()]
         if self.once:
             argv.append("--once")
+        if self.max_job_bytes != DEFAULT_MAX_JOB_BYTES:
+            argv += ["--max-job-bytes", str(self.max_job_bytes)]
+        if self.report_joins:
+            argv.append("--report-joins")
         if self.peers:
             argv += ["--rack", str(self.rack), "--peers", ",".join(self.peers)]
         if self.transport != "tcp":

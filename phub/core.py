@@ -9,22 +9,23 @@ misbehaving worker fails its job, and every other connection of that job is told
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import sys
 import time
 from typing import Dict, List, Optional
 
-from . import wire
+from . import messages, wire
 from .aggregation import ChunkState, JobState, ReadyLane, Result
 from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
 from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
 from .kernels import get_backend
-from .optim import optimizer_from_dict
+from .admission import Admission
 from .racklinks import RackLinks
 from .rdma.serving import CoreVerbs
-from .session import Job, Peer
+from .session import Job, Peer, RefusalLog
 from .transport import Link, LinkClosed, flush_links
 
 _PUSH = wire.Kind.PUSH
@@ -34,7 +35,7 @@ def _log(message: str) -> None:
     print(f"phub server: {message}", file=sys.stderr, flush=True)
 
 
-class Core(RackLinks):
+class Core(Admission, RackLinks):
     """The event loop of one server core (runs in its own process)."""
 
     def __init__(self, config: ServerConfig, core: int, listeners: List[socket.socket],
@@ -50,6 +51,11 @@ class Core(RackLinks):
             self.selector.register(listener, selectors.EVENT_READ, ("accept", interface))
         self.peers: Dict[Link, Peer] = {}
         self.outbox: List[Link] = []  # links with output queued in this loop iteration
+        self.limits = messages.Limits(frozenset(self.jobs), config.cores, config.racks, config.chunk_bytes,
+                                      config.max_job_bytes)
+        self.pending: Dict[str, int] = {}  # remote address -> its connections not yet authenticated
+        self.refusals = RefusalLog(lambda message: _log(f"core {core}: {message}"))
+        self._next_sweep = time.monotonic() + 1.0
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -70,9 +76,12 @@ class Core(RackLinks):
                     peer = self.peers.get(link)
                     if peer is not None and peer.job is not None:
                         self._fail(peer.job, f"RDMA data path: {exc}")
+                except Exception as exc:  # a bug a peer's bytes reached: it may end that job, never the core
+                    self._bad_peer(link, f"the server could not handle it ({type(exc).__name__}: {exc})"[:400])
             self._poll_verbs()
             flush_links(self.outbox)
             self._check_stalls()
+            self._sweep_pending()
         for job in self.jobs.values():  # the other racks may still be reading our last partials
             for link in job.peer_links.values():
                 link.flush_blocking(self.config.timeout)
@@ -94,13 +103,6 @@ class Core(RackLinks):
                         self._act(job, events)
             except (ProtocolError, JobFailed) as exc:
                 self._fail(job, f"RDMA data path: {exc}")
-
-    def _accept(self, listener: socket.socket, interface: int) -> None:
-        try:
-            sock, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        self._add_link(sock, Peer(interface))
 
     def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
         link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame,
@@ -146,6 +148,8 @@ class Core(RackLinks):
         if kind is wire.Kind.HELLO:
             self._hello(link, peer, frame.json())
             return
+        if peer.pending:  # a discovery connection may say nothing more
+            raise ProtocolError(f"{kind.name} frame before HELLO")
         if job is None:
             raise ProtocolError(f"{kind.name} frame before HELLO")
         job.last_progress = time.monotonic()
@@ -156,18 +160,11 @@ class Core(RackLinks):
         if kind is wire.Kind.INIT:
             self._act(job, job.state.on_init(header, peer.lane))
         elif kind is wire.Kind.REGISTER:
-            body = frame.json()
-            events = job.state.register(peer.local, peer.lane, body.get("batch"), body.get("arrays", ()))
-            if job.verbs:  # the batch is laid out now: its region can be checked
-                job.verbs.registered(peer.lane, peer.local, body["batch"], body)
-            self._act(job, events)
+            self._register(job, peer, frame.json())
         elif kind is wire.Kind.OPTIMIZER:
             if peer.local != 0:
                 raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only the first worker sets the optimizer")
-            try:
-                job.state.set_optimizer(peer.lane, optimizer_from_dict(frame.json()))
-            except ConfigError as exc:
-                raise ProtocolError(f"rank {peer.rank} sent an invalid optimizer: {exc}") from None
+            job.state.set_optimizer(peer.lane, messages.optimizer(frame.json()))
             if job.verbs:  # the leader's next pushes wait for this: RDMA writes do not queue behind it
                 link.send(wire.control_frame(wire.Kind.OPTIMIZER, job.spec.job_id, wire.SERVER_SENDER, {}))
         elif kind is wire.Kind.BYE:
@@ -176,29 +173,44 @@ class Core(RackLinks):
                 job.ended = ""
                 self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
         elif kind is wire.Kind.ERROR:
-            self._fail(job, f"rank {peer.rank} gave up: {frame.json().get('message', '')}")
+            self._fail(job, f"rank {peer.rank} gave up: {messages.error_message(frame.json())}")
         else:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
 
-    def _hello(self, link: Link, peer: Peer, hello: dict) -> None:
-        if peer.job is not None:
+    def _register(self, job: Job, peer: Peer, body: dict) -> None:
+        new = body.get("batch") == len(job.state.plan.batches)  # a batch registered before costs nothing again
+        budget = self.config.max_job_bytes - job.registered_bytes if new else self.config.max_job_bytes
+        register = messages.register(body, self.limits, budget)
+        try:
+            events = job.state.register(peer.local, peer.lane, register.batch, register.arrays)
+        except MemoryError:
+            raise ProtocolError(f"REGISTER: this server has no memory for batch {register.batch} "
+                                f"({register.cost} bytes)") from None
+        if new:
+            job.registered_bytes += register.cost
+        if job.verbs:  # the batch is laid out now: its region can be checked
+            job.verbs.registered(peer.lane, peer.local, register.batch, body)
+        self._act(job, events)
+
+    def _hello(self, link: Link, peer: Peer, body: dict) -> None:
+        if peer.greeted or not peer.pending:  # also after a discovery: its WELCOME is not sent twice
             raise ProtocolError("HELLO sent twice on one connection")
-        job = self.jobs.get(hello.get("job"))
-        if job is None:
-            return self._refuse(link, f"job {hello.get('job')!r} is not registered on this server")
-        if hello.get("token", "") != job.spec.token:
+        peer.greeted = True
+        hello = messages.hello(body, self.limits)  # every field typed and bounded before it is used
+        job = self.jobs[hello.job]
+        if hello.token != job.spec.token:
             return self._refuse(link, f"wrong token for job {job.spec.job_id}")
         if job.ended is not None:
             return self._refuse(link, f"job {job.spec.job_id} has already ended")
-        if "peer_rack" in hello:
+        if hello.peer_rack is not None:
             return self._rack_hello(link, peer, job, hello)
         spec = job.spec
-        rank, lane = hello.get("rank"), hello.get("lane")
-        if not isinstance(rank, int) or not spec.first_rank <= rank < spec.first_rank + spec.num_workers:
+        rank, lane = hello.rank, hello.lane
+        if not spec.first_rank <= rank < spec.first_rank + spec.num_workers:
             return self._refuse(link, f"rank {rank!r} is not one of this server's ranks of job {spec.job_id} "
                                       f"({spec.first_rank}..{spec.first_rank + spec.num_workers - 1})")
-        if hello.get("num_workers") != spec.total_workers:
-            return self._refuse(link, f"rank {rank} expects {hello.get('num_workers')} workers, "
+        if hello.num_workers != spec.total_workers:
+            return self._refuse(link, f"rank {rank} expects {hello.num_workers} workers, "
                                       f"job {spec.job_id} has {spec.total_workers}")
         welcome = {
             "cores": self.config.cores, "interfaces": list(self.config.interfaces),
@@ -208,7 +220,7 @@ class Core(RackLinks):
         }
         if lane == -1:  # discovery only: answer, and let the worker close
             return link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
-        shard = (hello.get("shard", 0), hello.get("shards", 1))
+        shard = hello.shard
         if job.state is None:
             error = self._create_state(job, shard)
             if error:
@@ -224,19 +236,21 @@ class Core(RackLinks):
             return self._refuse(link, f"rank {rank} connected lane {lane} twice")
         if job.verbs:
             try:
-                welcome["rdma"] = job.verbs.hello(peer.interface, lane, local, rank, hello)
+                welcome["rdma"] = job.verbs.hello(peer.interface, lane, local, rank, body)
             except (ProtocolError, JobFailed, ConfigError) as exc:
                 return self._refuse(link, f"rank {rank} lane {lane}: RDMA connection failed: {exc}")
         peer.job, peer.rank, peer.local, peer.lane = job, rank, local, lane
+        self._admitted(link, peer)
         job.links[lane][local] = link
         job.last_progress = time.monotonic()
+        if self.config.report_joins and rank not in job.joined:  # the launcher learns who connected
+            print(json.dumps({"event": "joined", "job": spec.job_id, "rank": rank}), flush=True)
+        job.joined.add(rank)
         link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
 
     def _create_state(self, job: Job, shard) -> Optional[str]:
         """Set up the job on this core; returns an error message instead if the layout is invalid."""
         try:
-            if not isinstance(shard[0], int) or not isinstance(shard[1], int) or not 0 <= shard[0] < shard[1]:
-                raise ConfigError(f"shard {shard[0]!r} of {shard[1]!r}")
             if self.config.peers and shard != (0, 1):
                 raise ConfigError("a rack server cannot also be a shard")
             topology = self.config.topology_with(shard[1])
@@ -253,7 +267,11 @@ class Core(RackLinks):
         job.shard = shard
         job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
         for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
-            job.peer_links[rack] = self._connect_rack(job, rack)
+            try:
+                job.peer_links[rack] = self._connect_rack(job, rack)
+            except ConfigError as exc:  # the job cannot run without that rack: it fails, the core serves on
+                self._fail(job, str(exc))
+                return str(exc)
         return None
 
     # -- sending ----------------------------------------------------------------------------
@@ -298,19 +316,23 @@ class Core(RackLinks):
     # -- failures ---------------------------------------------------------------------------
     def _refuse(self, link: Link, message: str) -> None:
         """Tell a peer that has not joined a job why it is turned away, and drop it."""
-        _log(f"core {self.core}: refused a connection: {message}")
+        self.refusals.refused(message)
         link.send(wire.control_frame(wire.Kind.ERROR, 0, wire.SERVER_SENDER, {"message": message}))
         link.flush_blocking(1.0)
         self._drop(link)
 
     def _drop(self, link: Link) -> None:
-        self.peers.pop(link, None)
+        peer = self.peers.pop(link, None)
+        if peer is not None:
+            self._unpend(peer)
         link.close()
 
     def _bad_peer(self, link: Link, message: str) -> None:
         peer = self.peers.get(link)
         if peer is None or peer.job is None:
             return self._refuse(link, f"protocol error: {message}")
+        if peer.job.ended is not None:  # a late frame of a job that is over: nobody to tell
+            return self._drop(link)
         who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
         self._fail(peer.job, f"{who} sent a bad frame: {message}")
 
@@ -340,10 +362,18 @@ class Core(RackLinks):
             link.send(frame)
             link.flush_blocking(1.0)
             self._drop(link)
+        if job.verbs is None:  # nothing reads a failed job's arrays again: free them
+            job.state = None
 
     def _check_stalls(self) -> None:
         now = time.monotonic()
         for job in self.jobs.values():
+            if job.ended is None and job.state is None and self.config.once and \
+                    now - job.last_progress >= self.config.timeout:  # nobody ever came: end, naming who
+                first = job.spec.first_rank
+                self._fail(job, f"no worker connected within {self.config.timeout:g} s: rank(s) "
+                                f"{list(range(first, first + job.spec.num_workers))} never did")
+                continue
             if job.ended is not None or job.state is None or not any(job.live_links()):
                 continue
             idle = now - job.last_progress

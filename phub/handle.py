@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Optional, Sequence
 
+from .config import check_timeout
 from .errors import PHubTimeout
 
 
@@ -32,7 +33,7 @@ class Handle:
 
     def wait(self, timeout: Optional[float] = None):
         """Block until done (or `timeout` seconds, default the client's); JobFailed / PHubTimeout."""
-        timeout = self._client.timeout if timeout is None else timeout
+        timeout = self._client.timeout if timeout is None else check_timeout(timeout)
         if not self._event.wait(timeout):
             self._client._check_failed()
             missing = [c for c in self._chunks if c in self._client._expect]

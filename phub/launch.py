@@ -28,6 +28,7 @@ from .errors import PHubError
 
 _GRACE = 5.0  # seconds a stopped process gets between SIGTERM and SIGKILL
 READY_TIMEOUT = 60.0
+_JOIN_LAG = 2.0  # seconds a server's "joined" line may trail its worker's exit (a pipe and a thread)
 
 
 @dataclass
@@ -45,6 +46,32 @@ def worker_env(address: str, rank: int, num_workers: int, job_id: int = 0, token
     if timeout is not None:
         env[ENV_TIMEOUT] = str(timeout)
     return env
+
+
+class _Joins:
+    """The ranks the servers reported connected (their `joined` lines, read by one thread each)."""
+
+    def __init__(self):
+        self.ranks: set = set()
+        self.changed = threading.Condition()
+
+    def read(self, stream) -> None:
+        for line in iter(stream.readline, b""):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("event") == "joined":
+                with self.changed:
+                    self.ranks.add(event.get("rank"))
+                    self.changed.notify_all()
+        stream.close()
+
+    def missing(self, num_workers: int, wait: float = 0.0) -> List[int]:
+        """The ranks not reported yet, after waiting up to `wait` seconds for them."""
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.ranks & set(range(num_workers))) == num_workers, wait)
+            return sorted(set(range(num_workers)) - self.ranks)
 
 
 def _pump(stream, prefix: str, sink) -> None:
@@ -99,7 +126,7 @@ def server_configs(cluster: Cluster, config: ServerConfig, num_workers: int) -> 
     spec = config.jobs[0]
     if not cluster.hierarchical:
         job = JobSpec(spec.job_id, num_workers, spec.token)
-        return [dataclasses.replace(config, jobs=(job,), interfaces=node.addresses, once=True)
+        return [dataclasses.replace(config, jobs=(job,), interfaces=node.addresses, once=True, report_joins=True)
                 for node in cluster.servers]
     port = config.port or cluster.extra.get("port") or _free_port(
         [a for node in cluster.servers for a in node.addresses], config.cores)
@@ -111,7 +138,7 @@ def server_configs(cluster: Cluster, config: ServerConfig, num_workers: int) -> 
             raise PHubError(f"rack {rack}'s workers must have consecutive ranks, got {ranks}")
         job = JobSpec(spec.job_id, len(ranks), spec.token, ranks[0], num_workers)
         configs.append(dataclasses.replace(config, jobs=(job,), interfaces=node.addresses, once=True,
-                                           port=port, rack=rack, peers=peers))
+                                           port=port, rack=rack, peers=peers, report_joins=True))
     return configs
 
 
@@ -122,8 +149,9 @@ def _start_server(node: Node, config: ServerConfig, stderr_sink, prefix: str) ->
     return proc
 
 
-def _await_ready(proc: subprocess.Popen, node: Node) -> str:
-    """The address in the server's ready line; the rest of its stdout is then drained and dropped."""
+def _await_ready(proc: subprocess.Popen, node: Node, joins: Optional[_Joins] = None) -> str:
+    """The address in the server's ready line; the rest of its stdout is then read for `joins`
+    (or drained and dropped)."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
@@ -131,7 +159,8 @@ def _await_ready(proc: subprocess.Popen, node: Node) -> str:
             line = proc.stdout.readline()
             if not line:
                 break
-            threading.Thread(target=_pump, args=(proc.stdout, "", open(os.devnull, "w")), daemon=True).start()
+            reader = (joins.read, (proc.stdout,)) if joins else (_pump, (proc.stdout, "", open(os.devnull, "w")))
+            threading.Thread(target=reader[0], args=reader[1], daemon=True).start()
             return json.loads(line)["address"]
         if proc.poll() is not None:
             break
@@ -167,6 +196,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     processes: List[subprocess.Popen] = []
     servers: Dict[str, subprocess.Popen] = {}
     result = JobResult(0)
+    joins = _Joins()
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         addresses = []
@@ -175,7 +205,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
             servers[node.name] = proc
             processes.append(proc)
         for node in cluster.servers:
-            addresses.append(_await_ready(servers[node.name], node))
+            addresses.append(_await_ready(servers[node.name], node, joins))
         workers = []
         for rank, node in enumerate(cluster.workers):
             address = ",".join(addresses[cluster.servers.index(s)] for s in cluster.servers_of(rank))
@@ -188,7 +218,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
             tag = f"[rank {rank}] " if prefix_output else ""
             for stream, sink in ((proc.stdout, stdout), (proc.stderr, stderr)):
                 threading.Thread(target=_pump, args=(stream, tag, sink), daemon=True).start()
-        result = _supervise(workers, servers)
+        result = _supervise(workers, servers, joins, config.timeout)
     except KeyboardInterrupt:
         result.status, result.failed = 130, "interrupted"
     except PHubError as exc:
@@ -199,10 +229,18 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     return result
 
 
-def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Popen]) -> JobResult:
-    """Wait for the workers, then the servers; stop at the first failure."""
+def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Popen], joins: _Joins,
+               timeout: float) -> JobResult:
+    """Wait for the workers, then the servers; stop at the first failure, or when a worker has not
+    connected within `timeout` seconds, or when the workers have exited and some never connected."""
     result = JobResult(0)
     running = dict(enumerate(workers))
+    connect_deadline = time.monotonic() + timeout
+
+    def never(missing: List[int], how: str) -> JobResult:
+        result.status, result.failed = 1, f"rank(s) {missing} {how}"
+        return result
+
     while running:
         for rank, proc in list(running.items()):
             code = proc.poll()
@@ -216,9 +254,18 @@ def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Po
         for name, proc in servers.items():
             code = proc.poll()
             if code not in (None, 0):
-                result.status, result.failed = 1, f"the phub server on {name} failed (status {code})"
+                missing = joins.missing(len(workers))
+                result.status, result.failed = 1, f"the phub server on {name} failed (status {code})" + (
+                    f"; rank(s) {missing} never connected to it" if missing else "")
                 return result
+        if time.monotonic() > connect_deadline:
+            missing = joins.missing(len(workers))
+            if missing:
+                return never(missing, f"never connected to the phub server within {timeout:g} s (--timeout)")
         time.sleep(0.05)  # polling interval of the supervisor, not a synchronization
+    missing = joins.missing(len(workers), _JOIN_LAG)
+    if missing:
+        return never(missing, "exited (status 0) without ever connecting to the phub server")
     deadline = time.monotonic() + 30.0
     for name, proc in servers.items():
         try:

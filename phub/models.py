@@ -38,6 +38,8 @@ def load_layout(name: str) -> List[Array]:
             megabytes = float(name.split(":", 1)[1])
         except ValueError:
             megabytes = -1
+        if not 0 < megabytes <= 1e6:  # also NaN and infinity
+            raise ConfigError(f"model {name!r}: SIZE_MB must be a positive number of megabytes, at most 1e6")
         elements = int(megabytes * 1e6) // 4
         if elements < 1:
             raise ConfigError(f"model {name!r}: SIZE_MB must be a positive number of megabytes")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import time
 
-from . import wire
+from . import messages, wire
 from .errors import ConfigError, ProtocolError
 from .session import Job, Peer
 from .transport import Link
@@ -18,14 +18,14 @@ class RackLinks:
     def _on_rack_frame(self, job: Job, peer: Peer, frame: wire.Frame) -> None:
         header = frame.header
         if header.kind is wire.Kind.ERROR:  # whoever it claims to be from: the job is over
-            return self._fail(job, f"rack {peer.rack} failed: {frame.json().get('message', '')}")
+            return self._fail(job, f"rack {peer.rack} failed: {messages.error_message(frame.json())}")
         wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
         if header.kind is wire.Kind.PARTIAL:
             self._act(job, job.state.on_partial(peer.rack, header))
         elif header.kind is wire.Kind.INIT:
             self._act(job, job.state.on_peer_init(header))
         elif header.kind is wire.Kind.PEER_READY:
-            self._act(job, job.state.on_peer_ready(peer.rack, frame.json().get("batch")))
+            self._act(job, job.state.on_peer_ready(peer.rack, messages.peer_ready(frame.json())))
         elif header.kind is wire.Kind.BYE:
             job.racks_done.add(peer.rack)
         else:
@@ -50,16 +50,19 @@ class RackLinks:
         peer.job, peer.rack = job, rack
         return self._add_link(sock, peer)
 
-    def _rack_hello(self, link: Link, peer: Peer, job: Job, hello: dict) -> None:
-        rack = hello.get("peer_rack")
-        if not self.config.peers or not isinstance(rack, int) or not 0 <= rack < self.config.rack:
+    def _rack_hello(self, link: Link, peer: Peer, job: Job, hello: messages.Hello) -> None:
+        rack = hello.peer_rack  # typed and within the racks by messages.hello
+        if not self.config.peers or not 0 <= rack < self.config.rack:
             return self._refuse(link, f"unexpected rack server hello from rack {rack!r}")
-        if hello.get("core") != self.core or rack in job.peer_links:
-            return self._refuse(link, f"rack {rack} connected core {hello.get('core')!r} to core {self.core} twice "
+        if hello.core != self.core or rack in job.peer_links:
+            return self._refuse(link, f"rack {rack} connected core {hello.core!r} to core {self.core} twice "
                                       "or to the wrong core")
         if job.state is None:
-            self._create_state(job, (0, 1))
+            error = self._create_state(job, (0, 1))
+            if error:
+                return self._refuse(link, error)
         peer.job, peer.rack = job, rack
+        self._admitted(link, peer)
         job.peer_links[rack] = link
         for parts in job.rack_backlog.pop(rack, ()):
             link.send(*parts)

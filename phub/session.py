@@ -1,8 +1,9 @@
 """What one server core knows about each job and each connection (shared by core.py and racklinks.py)."""
 from __future__ import annotations
 
+import re
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .aggregation import JobState
 from .config import JobSpec
@@ -30,6 +31,8 @@ class Job:
         self.ended: Optional[str] = None  # None while running; "" = finished cleanly; else the error
         self.last_progress = time.monotonic()
         self.stall_reported = False
+        self.registered_bytes = 0  # counted against the server's max_job_bytes (messages.register)
+        self.joined: set = set()  # ranks with a lane admitted on this core
 
     def live_links(self):
         for lane_links in self.links.values():
@@ -40,12 +43,52 @@ class Job:
 class Peer:
     """What a server-side connection has proven about itself (nothing until its HELLO)."""
 
-    __slots__ = ("interface", "job", "rank", "local", "lane", "rack")
+    __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending", "greeted")
 
-    def __init__(self, interface: int):
+    def __init__(self, interface: int, address: str = ""):
         self.interface = interface
+        self.address = address  # the remote IP address
+        self.since = time.monotonic()  # when the connection was accepted
+        self.pending = False  # counted among its address's connections that have not authenticated
+        self.greeted = False  # it sent a HELLO (one per connection)
         self.job: Optional[Job] = None
         self.rank = -1  # the worker's rank in the job (-1: another rack's server)
         self.local = -1  # its index among this server's workers
         self.lane = -1
         self.rack = -1  # another rack's index, on a link between rack servers
+
+
+class RefusalLog:
+    """Refused connections, logged once per cause and then counted: a flood of bad peers costs a
+    few lines a minute, not one per connection. `summary()` returns what was counted since the
+    last summary (or None), at most once per `every` seconds."""
+
+    MAX_CAUSES = 100  # distinct causes remembered; later ones are counted as "other"
+
+    def __init__(self, log: Callable[[str], None], every: float = 10.0):
+        self._log = log
+        self._every = every
+        self._seen: set = set()
+        self._counts: Dict[str, int] = {}
+        self._last = time.monotonic()
+
+    def refused(self, message: str) -> None:
+        cause = re.sub(r"\d+", "N", message)[:120]
+        if cause not in self._seen and len(self._seen) >= self.MAX_CAUSES:
+            cause = "other"
+        if cause not in self._seen:
+            self._seen.add(cause)
+            self._log(f"refused a connection: {message} (more of this kind are counted, not logged)")
+            return
+        self._counts[cause] = self._counts.get(cause, 0) + 1
+
+    def summary(self, now: float) -> Optional[str]:
+        if not self._counts or now - self._last < self._every:
+            return None
+        counts = sorted(self._counts.items(), key=lambda item: -item[1])
+        total = sum(n for _, n in counts)
+        shown = "; ".join(f"{n} x {cause}" for cause, n in counts[:5]) + (" ..." if len(counts) > 5 else "")
+        line = f"refused {total} more connection(s) in the last {now - self._last:.0f} s: {shown}"
+        self._counts.clear()
+        self._last = now
+        return line

@@ -15,10 +15,10 @@ import itertools
 import selectors
 import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from . import wire
-from .errors import JobFailed, PHubTimeout, ProtocolError
+from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
 
@@ -196,13 +196,17 @@ def connect(address, timeout: float) -> socket.socket:
     return sock
 
 
-def parse_address(text: str, default_port: Optional[int] = None):
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        if default_port is None:
-            raise ValueError(f"address {text!r} must be HOST:PORT")
-        return text, default_port
-    return host.strip("[]"), int(port)
+def parse_addresses(text: str) -> List[Tuple[str, int]]:
+    """`HOST:PORT[,HOST:PORT...]` as (host, port) pairs; ConfigError says what is wrong."""
+    if not isinstance(text, str) or not text.strip(" ,"):
+        raise ConfigError("no server address given")
+    pairs = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) < 65536:
+            raise ConfigError(f"server address {part!r} must be HOST:PORT with a port in 1..65535")
+        pairs.append((host.strip("[]"), int(port)))
+    return pairs
 
 
 def _reject_data(header: wire.Header) -> memoryview:

@@ -36,6 +36,7 @@ MAGIC = b"PHUB"
 VERSION = 1
 SERVER_SENDER = 0xFFFFFFFF  # the `sender` field of frames a server sends
 MAX_CONTROL_BYTES = 1 << 24  # a registration of ~100k arrays still fits
+HANDSHAKE_CONTROL_BYTES = 1 << 16  # what a peer may send before its HELLO is accepted (a server sets it)
 
 _HEADER = struct.Struct("<4sBBHIIIIII")
 HEADER_BYTES = _HEADER.size  # 32
@@ -169,10 +170,11 @@ class FrameReceiver:
     a payload are the next header's first ones: they count as that header's `_filled`.
     """
 
-    __slots__ = ("_target", "_head", "_header", "_payload", "_view", "_filled")
+    __slots__ = ("_target", "_head", "_header", "_payload", "_view", "_filled", "max_control")
 
-    def __init__(self, payload_target: PayloadTarget):
+    def __init__(self, payload_target: PayloadTarget, max_control: int = MAX_CONTROL_BYTES):
         self._target = payload_target
+        self.max_control = max_control  # the largest control payload accepted (lowered before a handshake)
         self._head = memoryview(bytearray(HEADER_BYTES))
         self._header: Optional[Header] = None
         self._payload = None
@@ -221,6 +223,9 @@ class FrameReceiver:
                 raise AssertionError(f"payload target gave {len(view)} bytes for {length}")
             payload = view
         else:
+            if length > self.max_control:
+                raise ProtocolError(f"{header.kind.name} frame of {length} bytes exceeds the {self.max_control}-byte "
+                                    "limit of this connection (before a HELLO is accepted, or in all)")
             payload = bytearray(length)
             view = memoryview(payload)
         if length:

@@ -129,10 +129,12 @@ def load_hostfile(path) -> Cluster:
 
     path = os.fspath(path)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except OSError as exc:
         raise ConfigError(f"hostfile {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"hostfile {path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"hostfile {path}: not valid YAML: {exc}") from None
     return parse_hostfile(data, path)

@@ -96,6 +96,10 @@ def cmd_down(args) -> int:
         reports = clean_stale()
     else:
         runs = _matching(args.spec) if args.spec else [r for r in _matching(None) if r.run_id == args.run]
+        if not runs and args.spec and not os.path.isfile(args.spec):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"rack spec {args.spec}: no such file (and no run was made from it)")
         if not runs:
             print(f"phub rack: no run of {'spec ' + args.spec if args.spec else 'id ' + args.run}", file=sys.stderr)
             return 1 if args.run else 0

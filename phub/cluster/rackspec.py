@@ -33,6 +33,8 @@ from ..errors import ConfigError
 DEFAULT_HOST_MBIT = 200.0  # what the default s_n brings a host link down to
 MAX_LINK_MBIT = 2000.0  # beyond this one emulated link needs more CPU than this machine has
 MIN_LINK_MBIT = 1.0
+MAX_GBPS = 10000.0  # a paper-scale rate (Gbit/s) beyond any NIC
+MAX_SCALE = 1e6  # s_n, s_m (as the pipeline's config schema)
 DEFAULT_PORT = 19000
 QUEUEING = ("fair", "fifo")  # how a shaped link shares its queue; see rackbuild.shaping_commands
 
@@ -101,10 +103,12 @@ def load_spec(spec: Union[str, os.PathLike, Mapping[str, Any], RackSpec],
         return parse_spec({**spec, **(overrides or {})}, "<dict>")
     path = os.fspath(spec)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
         raise ConfigError(f"rack spec {path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"rack spec {path}: not UTF-8 text (byte {exc.start})") from None
     if path.endswith(".json"):
         try:
             data = json.loads(text)
@@ -129,21 +133,21 @@ def parse_spec(data: Mapping[str, Any], source: str = "<dict>") -> RackSpec:
     racks = check.integer(data, "racks", 1, 250)
     per_rack = check.integer(data, "workers_per_rack", 1, 250)
     interfaces = check.integer(data, "pbox_interfaces", 1, 64)
-    paper = check.number(data, "link_gbps", 10.0)
-    host = check.number(data, "host_link_gbps", paper)
-    nic = check.number(data, "pbox_nic_gbps", paper)
+    paper = check.number(data, "link_gbps", 10.0, high=MAX_GBPS)
+    host = check.number(data, "host_link_gbps", paper, high=MAX_GBPS)
+    nic = check.number(data, "pbox_nic_gbps", paper, high=MAX_GBPS)
     if data.get("uplink_gbps") is not None and data.get("oversubscription") is not None:
         raise check.error("uplink_gbps", "give either uplink_gbps or oversubscription, not both")
-    ratio = check.number(data, "oversubscription", 1.0)
-    uplink = check.number(data, "uplink_gbps", per_rack * host / ratio)
+    ratio = check.number(data, "oversubscription", 1.0, high=1000.0)
+    uplink = check.number(data, "uplink_gbps", per_rack * host / ratio, high=MAX_GBPS * 250)
     ratio = per_rack * host / uplink
 
     scale = data.get("scale") or {}
     if not isinstance(scale, Mapping):
         raise check.error("scale", f"must be a mapping with network and model, got {scale!r}")
     check.known(scale, _SCALE_KEYS, "scale.")
-    s_n = check.number(scale, "network", host * 1000.0 / DEFAULT_HOST_MBIT, "scale.")
-    s_m = check.number(scale, "model", s_n, "scale.")
+    s_n = check.number(scale, "network", host * 1000.0 / DEFAULT_HOST_MBIT, "scale.", high=MAX_SCALE)
+    s_m = check.number(scale, "model", s_n, "scale.", high=MAX_SCALE)
     port = check.integer(data, "port", 1024, 65000, DEFAULT_PORT)
 
     pre = data.get("preflight")
@@ -158,8 +162,8 @@ def parse_spec(data: Mapping[str, Any], source: str = "<dict>") -> RackSpec:
                           check.number(pre, "tolerance", 0.10, "preflight.", 0.01, 0.5),
                           check.number(pre, "budget_mbit", 1000.0, "preflight.", 10.0, 10000.0))
     name = data.get("name", "")
-    if not isinstance(name, str):
-        raise check.error("name", f"must be a string, got {name!r}")
+    if not isinstance(name, str) or len(name) > 200:
+        raise check.error("name", f"must be a string of at most 200 characters, got {name!r:.80}")
     queueing = data.get("queueing", "fair")
     if queueing not in QUEUEING:
         raise check.error("queueing", f"must be one of {', '.join(QUEUEING)}, got {queueing!r}")
@@ -203,7 +207,7 @@ class _Checker:
         value = data.get(key)
         if value is None:
             return float(default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value <= high):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low < value <= high):  # NaN too
             bound = f"a number > {low:g}" + ("" if high == float("inf") else f" and <= {high:g}")
             raise self.error(prefix + key, f"must be {bound}, got {value!r}")
         return float(value)
