@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 QUICK := results/quick
 
-.PHONY: venv pyverbs test paper test-slurm check-quick clean
+.PHONY: venv pyverbs test paper publish test-slurm check-quick clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,15 @@ paper:
 		$(if $(NETWORK),--config network=$(NETWORK)); status=$$?; \
 	$(PY) workflow/scripts/run_record.py --started $$started --status $$status $(if $(CONFIG),--configfile $(CONFIG)); \
 	exit $$status
+
+# Copy the last full run (results/) to docs/results/, the run the README's status and report
+# link to: its report, figures with their captions, tidy per-point CSVs and run.json.
+publish:
+	test -s results/run.json && test -s results/report.md
+	rm -rf docs/results/points docs/results/figures && mkdir -p docs/results/points
+	cp results/report.md results/run.json docs/results/
+	cp -r results/figures docs/results/figures
+	cd results/points && find . -name '*.csv' -exec cp --parents {} ../../docs/results/points/ \;
 
 # SLURM: a one-node cluster on this machine (Debian packages, as root), a few quick-grid points
 # submitted through profiles/cluster, checked with sacct, the daemons stopped (a few minutes).
