@@ -42,13 +42,13 @@ def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp
     spec.write_text(yaml.safe_dump(SPEC))
     run = subprocess.run([sys.executable, "-m", "phub", "bench", "exchange", "--network", "emulated", "--spec",
                           str(spec), "--interfaces", "2", "--workers", "2", "--model", "resnet50", "--iterations",
-                          "2", "--repeats", "2", "--verify", "--json"], capture_output=True, text=True, timeout=300)
+                          "25", "--repeats", "2", "--verify", "--json"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 2 and all(r["verified"] for r in rows)
     assert rows[0]["cluster"]["run_id"] == rows[1]["cluster"]["run_id"]  # the same rack
     assert run.stderr.count("ms per iteration") == 2  # a summary per repeat
     assert [r["repeat"] for r in rows] == [0, 1]
-    for row in rows:
+    for row in rows:  # each block lasts about 1 s: several monitor samples (every 0.2 s)
         assert row["bound"]["bound"] in ("wire", "mixed", "cpu")
         assert 0 < row["bound"]["link_utilization"] < 1.2 and 0 <= row["bound"]["cpu_busy"] <= 1
