@@ -9,7 +9,8 @@ there are no pull requests.
 Blocking calls (`connect`, `init`, `pushpull`, `Handle.wait`, `close`) take a timeout (default:
 the client's `timeout`) and raise `PHubTimeout` naming what is missing; a lost worker or server
 raises `JobFailed` in every waiting call, naming the cause. The I/O thread's half lives in
-clientloop.py.
+clientloop.py. A client still open when its process ends leaves the job as `close()` would
+(exiting.py): a script that ends without `close()` has succeeded.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
-from . import wire
+from . import exiting, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .config import check_timeout
@@ -106,6 +107,8 @@ class Client(ClientLoop):
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._io_loop, name=f"phub-io-{rank}", daemon=True)
         self._thread.start()
+        self._pid = os.getpid()
+        exiting.track(self)  # a script that ends without close() still leaves the job cleanly
 
     # -- connection setup (blocking, before the I/O thread exists) ---------------------------
     def _hello(self, sock: socket.socket, lane: int) -> dict:
@@ -255,16 +258,28 @@ class Client(ClientLoop):
         for handle in list(self._inflight.values()):
             handle.wait(timeout)
 
-    def close(self, timeout: Optional[float] = None) -> None:
-        """Finish in-flight work, tell the server this worker is done, and close. Idempotent."""
+    def close(self, timeout: Optional[float] = None, abort: Optional[str] = None) -> None:
+        """Finish in-flight work, tell the server this worker is done (BYE), and close. Idempotent.
+
+        Blocks until this worker's pushpulls are done (at most `timeout`, default the client's);
+        if they are not, the worker gives up (the server fails the job naming this rank) and
+        PHubTimeout is raised. With `abort` (a message) it gives up at once, saying that. The
+        process's exit does the same for a client still open (see phub/exiting.py)."""
         if self._closing:
             return
         try:
-            if self._error is None:
-                self.wait_all(timeout)
+            if self._error is None and abort is None:
+                try:
+                    self.wait_all(timeout)
+                except PHubTimeout as exc:
+                    abort = f"rank {self.rank} closed with work in flight: {exc}"
+                    raise
                 self._to_all_lanes(wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
         finally:
+            if abort is not None and self._error is None:
+                self._abort(abort)
             self._closing = True
+            exiting.closed(self)
             self._wake()
             self._thread.join(self.timeout if timeout is None else timeout)
             for link in self._links:
@@ -279,9 +294,7 @@ class Client(ClientLoop):
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is not None and self._error is None:
-            self._abort(f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
-        self.close()
+        self.close(abort=None if exc[0] is None else f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
 
     def _check_failed(self) -> None:
         if self._error is not None:

@@ -7,7 +7,7 @@
     phub_mx.sync_initial_weights(trainer)   # every worker starts from rank 0's weights
     ...
     trainer.step(local_batch_size)
-    kv.close()
+    kv.close()                     # optional: a worker that ends normally leaves the job cleanly
 
 Pass the instance. Importing this module also registers the class with MXNet as ``phub``
 (`mx.kv.create("phub")` works), but MXNet 1.9.1's Trainer silently ignores a kvstore given *by
@@ -48,7 +48,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from .. import optim
+from .. import exiting, optim
 from ..client import Client, connect
 from ..errors import ConfigError
 from ._common import ensure_optimizer
@@ -77,6 +77,8 @@ class PHub(KVStoreBase):
     def __init__(self, client: Optional[Client] = None, prefix: str = ""):
         self._owns_client = client is None
         self._client = connect() if client is None else client
+        if self._owns_client:  # a store dropped without close() still leaves the job cleanly
+            exiting.close_when_collected(self, self._client)
         self._prefix = prefix
         self._optimizer: Optional[mx.optimizer.Optimizer] = None
         self._server_kind = None  # phub optimizer class when the update runs on the server
@@ -245,7 +247,9 @@ class PHub(KVStoreBase):
             raise ConfigError(f"{fname} does not hold MXNet optimizer states: {exc}") from None
 
     def close(self) -> None:
-        """Finish in-flight work and close the client if this store opened it. Idempotent."""
+        """Finish in-flight work and close the client if this store opened it. Idempotent.
+        Optional, as with MXNet's stores: a store this process no longer references, and at the
+        latest the process's normal exit, close it the same way (see phub/exiting.py)."""
         if self._owns_client:
             self._client.close()
 
