@@ -101,3 +101,22 @@ def test_a_worker_that_leaves_while_others_push_fails_the_job_at_once():
     finally:
         server.stop()
 
+
+def test_launch_runs_python_with_its_own_interpreter(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\necho 'the wrong python ran' >&2\nexit 3\n")
+    (fake / "python").chmod(0o755)
+    code = ("import sys, numpy, phub; kv = phub.connect(); w = numpy.zeros(3, numpy.float32); kv.init('w', w); "
+            "kv.pushpull('w', numpy.ones(3, numpy.float32)); print('ran with', sys.executable)")  # no close()
+    env = worker_env(PATH=f"{fake}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    run = subprocess.run([sys.executable, "-m", "phub", "launch", "-n", "2", "--", "python", "-c", code],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "the wrong python ran" not in run.stderr
+    for rank in (0, 1):
+        assert f"[rank {rank}] ran with {sys.executable}" in run.stdout, run.stdout
+    help_text = subprocess.run([sys.executable, "-m", "phub", "launch", "--help"], env=env, capture_output=True,
+                               text=True, timeout=60, cwd=ROOT).stdout
+    help_text = " ".join(help_text.split())  # argparse wraps it to the terminal's width
+    assert "`python` or `python3` runs with this phub's own interpreter" in help_text, help_text
