@@ -18,6 +18,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from collections import deque
 from typing import Dict, Hashable, List, Optional
 
@@ -254,9 +255,11 @@ class Client(ClientLoop):
         return self.pushpull_async(key, grad, out).wait(timeout)
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
-        """Block until every pushpull issued so far is done."""
+        """Block until every pushpull issued so far is done: at most `timeout` in all (default
+        the client's), then PHubTimeout."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else check_timeout(timeout))
         for handle in list(self._inflight.values()):
-            handle.wait(timeout)
+            handle.wait(max(deadline - time.monotonic(), 0.001))
 
     def close(self, timeout: Optional[float] = None, abort: Optional[str] = None) -> None:
         """Finish in-flight work, tell the server this worker is done (BYE), and close. Idempotent.
