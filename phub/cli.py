@@ -131,12 +131,12 @@ def cmd_server(args) -> int:
 
 def cmd_launch(args) -> int:
     from .config import JobSpec
-    from .launch import run_job
+    from .launch import own_python, run_job
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError("phub launch: give the worker command after --")
-    result = run_job(command, args.workers, _server_config(args, [JobSpec(0, args.workers)], True))
+    result = run_job(own_python(command), args.workers, _server_config(args, [JobSpec(0, args.workers)], True))
     if result.status:
         print(f"phub launch: {result.failed}; stopped the other processes", file=sys.stderr)
     return result.status
@@ -225,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--report-joins", action="store_true", help=argparse.SUPPRESS)  # for the launcher
     server.set_defaults(func=cmd_server)
 
-    launch = sub.add_parser("launch", help="start a server and N workers running CMD on this machine")
+    launch = sub.add_parser(
+        "launch", help="start a server and N workers running CMD on this machine",
+        description="Start a phub server and N workers running CMD; exit 0 once every worker exited 0 "
+                    "(whether or not it called close()), else non-zero naming the first failure. A CMD "
+                    "whose first word is `python` or `python3` runs with this phub's own interpreter "
+                    f"({sys.executable}), activated or not; give a path to run another.")
     launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
     _add_server_options(launch, "--server-cores", "--servers-cores")
     _add_transport_option(launch)

@@ -8,7 +8,9 @@ there are no pull requests.
 
 Blocking calls (`connect`, `init`, `pushpull`, `Handle.wait`, `close`) take a timeout (default:
 the client's `timeout`) and raise `PHubTimeout` naming what is missing; a lost worker or server
-raises `JobFailed` in every waiting call, naming the cause.
+raises `JobFailed` in every waiting call, naming the cause. The I/O thread's half lives in
+clientloop.py. A client still open when its process ends leaves the job as `close()` would
+(exiting.py): a script that ends without `close()` has succeeded.
 """
 from __future__ import annotations
 
@@ -16,18 +18,20 @@ import os
 import selectors
 import socket
 import threading
+import time
 from collections import deque
 from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
-from . import wire
+from . import exiting, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
+from .clientloop import ClientLoop
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, LinkClosed, connect as tcp_connect, flush_links, parse_addresses, recv_control
+from .transport import Link, connect as tcp_connect, parse_addresses, recv_control
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -44,7 +48,7 @@ def _as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray
     return array.reshape(-1)
 
 
-class Client:
+class Client(ClientLoop):
     """A worker's connection to a PHub server (one per process)."""
 
     def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
@@ -104,6 +108,8 @@ class Client:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._thread = threading.Thread(target=self._io_loop, name=f"phub-io-{rank}", daemon=True)
         self._thread.start()
+        self._pid = os.getpid()
+        exiting.track(self)  # a script that ends without close() still leaves the job cleanly
 
     # -- connection setup (blocking, before the I/O thread exists) ---------------------------
     def _hello(self, sock: socket.socket, lane: int) -> dict:
@@ -249,20 +255,34 @@ class Client:
         return self.pushpull_async(key, grad, out).wait(timeout)
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
-        """Block until every pushpull issued so far is done."""
+        """Block until every pushpull issued so far is done: at most `timeout` in all (default
+        the client's), then PHubTimeout."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else check_timeout(timeout))
         for handle in list(self._inflight.values()):
-            handle.wait(timeout)
+            handle.wait(max(deadline - time.monotonic(), 0.001))
 
-    def close(self, timeout: Optional[float] = None) -> None:
-        """Finish in-flight work, tell the server this worker is done, and close. Idempotent."""
+    def close(self, timeout: Optional[float] = None, abort: Optional[str] = None) -> None:
+        """Finish in-flight work, tell the server this worker is done (BYE), and close. Idempotent.
+
+        Blocks until this worker's pushpulls are done (at most `timeout`, default the client's);
+        if they are not, the worker gives up (the server fails the job naming this rank) and
+        PHubTimeout is raised. With `abort` (a message) it gives up at once, saying that. The
+        process's exit does the same for a client still open (see phub/exiting.py)."""
         if self._closing:
             return
         try:
-            if self._error is None:
-                self.wait_all(timeout)
+            if self._error is None and abort is None:
+                try:
+                    self.wait_all(timeout)
+                except PHubTimeout as exc:
+                    abort = f"rank {self.rank} closed with work in flight: {exc}"
+                    raise
                 self._to_all_lanes(wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
         finally:
+            if abort is not None and self._error is None:
+                self._abort(abort)
             self._closing = True
+            exiting.closed(self)
             self._wake()
             self._thread.join(self.timeout if timeout is None else timeout)
             for link in self._links:
@@ -277,117 +297,7 @@ class Client:
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is not None and self._error is None:
-            self._abort(f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
-        self.close()
-
-    # -- I/O thread -----------------------------------------------------------------------------
-    def _submit(self, frames: List[tuple]) -> None:
-        """Queue (sender, *parts) items for the I/O thread: it calls sender.send(*parts)."""
-        self._commands.append(frames)
-        self._wake()
-
-    def _to_all_lanes(self, frame: bytes) -> None:
-        self._submit([(link, frame) for link in self._links])
-
-    def _wake(self) -> None:
-        with self._lock:
-            if self._wake_pending:
-                return
-            self._wake_pending = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-
-    def _abort(self, message: str) -> None:
-        """Tell the server this worker gives up (best effort), so the others stop at once."""
-        self._to_all_lanes(wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message}))
-
-    def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
-        wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
-        if header.kind is not wire.Kind.RESULT:
-            raise ProtocolError(f"the server sent a {header.kind.name} data frame")
-        wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
-        expected = self._expect.get(header.chunk)
-        if expected is None or expected[1] != header.iteration:
-            raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
-        return expected[0]
-
-    def _on_frame(self, link: Link, frame: wire.Frame) -> None:
-        kind = frame.header.kind
-        if kind is wire.Kind.RESULT:
-            _, _, handle = self._expect.pop(frame.header.chunk)
-            handle._arrived()
-        elif kind is wire.Kind.READY:
-            body = frame.json()
-            if self._verbs:
-                self._verbs.ready(self._links.index(link), body["batch"], body)
-            self._ready_waiters[body["batch"]]._arrived()
-        elif kind is wire.Kind.OPTIMIZER and self._verbs:
-            self._optimizer_acks._arrived()
-        elif kind is wire.Kind.ERROR:
-            raise JobFailed(frame.json().get("message", "the server reported an error"))
-        else:
-            raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
-
-    def _io_loop(self) -> None:
-        try:
-            while True:
-                nap = self._verbs.nap if self._verbs and self._expect else 1.0
-                for key, mask in self._selector.select(timeout=nap):
-                    if key.data is None:
-                        self._drain_commands()
-                    else:
-                        key.data.service(mask)
-                if self._verbs:  # results written straight into our registered memory
-                    self._verbs.deliver(self._expect)
-                flush_links(self._outbox)
-                if self._closing and not self._commands and not any(l.outq for l in self._links):
-                    return
-        except LinkClosed as exc:
-            if not self._closing:
-                try:
-                    self._salvage()
-                except JobFailed as reason:
-                    self._fail(reason)
-                    return
-                self._fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
-        except (JobFailed, ProtocolError) as exc:
-            self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
-        except Exception as exc:  # a bug: fail loudly rather than hang the caller
-            self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
-
-    def _salvage(self) -> None:
-        """After a broken connection, read what the server sent before closing it: usually an
-        ERROR frame naming the cause (raised as JobFailed). The kernel keeps those bytes even
-        when our own send was what failed."""
-        for link in self._links:
-            try:
-                link.on_readable()
-            except (LinkClosed, ProtocolError, OSError):
-                continue
-
-    def _drain_commands(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        with self._lock:
-            self._wake_pending = False
-        while self._commands:
-            for item in self._commands.popleft():
-                item[0].send(*item[1:])
-
-    def _fail(self, error: PHubError) -> None:
-        if self._error is None:
-            self._error = error
-        for _, _, handle in list(self._expect.values()):
-            handle._event.set()
-        for handle in [*self._ready_waiters.values(), self._optimizer_acks]:
-            if handle is not None:
-                handle._event.set()
+        self.close(abort=None if exc[0] is None else f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
 
     def _check_failed(self) -> None:
         if self._error is not None:

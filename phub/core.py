@@ -4,7 +4,8 @@ Each core runs in its own process (see server.py). It accepts connections on eve
 admits workers into jobs (HELLO: job id, token, rank, lane), feeds their frames to the job's
 aggregation state machine (aggregation.py, or hierarchy.py for a rack server) and carries out
 the events it returns: results to the workers, partials to the other racks. A lost or
-misbehaving worker fails its job, and every other connection of that job is told why.
+misbehaving worker fails its job, and every other connection of that job is told why; so does a
+worker that said BYE (its work done) while the others push a round it will never join.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class Core(Admission, RackLinks):
                     events = job.state.on_push(local, header)
                     if events:
                         self._act(job, events)
+                    if job.said_bye and self._check_stranded(job, lane, (job.state.owned[header.chunk],)):
+                        break
             except (ProtocolError, JobFailed) as exc:
                 self._fail(job, f"RDMA data path: {exc}")
 
@@ -144,6 +147,8 @@ class Core(Admission, RackLinks):
             events = job.state.on_push(peer.local, header)
             if events:
                 self._act(job, events)
+            if job.said_bye:  # a worker has left: this round may never complete
+                self._check_stranded(job, peer.lane, (job.state.owned[header.chunk],))
             return
         if kind is wire.Kind.HELLO:
             self._hello(link, peer, frame.json())
@@ -169,6 +174,8 @@ class Core(Admission, RackLinks):
                 link.send(wire.control_frame(wire.Kind.OPTIMIZER, job.spec.job_id, wire.SERVER_SENDER, {}))
         elif kind is wire.Kind.BYE:
             job.said_bye.add((peer.lane, peer.local))
+            if self._check_stranded(job, peer.lane, job.state.pending()):
+                return
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
                 self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
@@ -350,6 +357,13 @@ class Core(Admission, RackLinks):
             return
         self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}")
 
+    def _check_stranded(self, job: Job, lane: int, states) -> bool:
+        """Fail the job if a round of `lane` waits for a worker that said BYE (Job.stranded)."""
+        message = job.stranded(lane, states)
+        if message:
+            self._fail(job, message)
+        return bool(message)
+
     def _fail(self, job: Job, message: str) -> None:
         if job.ended is not None:
             return
@@ -384,24 +398,9 @@ class Core(Admission, RackLinks):
             if not pending and all(link is not None for links in job.links.values() for link in links):
                 job.stall_reported = False
                 continue
-            missing = self._missing(job, pending)
+            missing = job.missing(pending)
             if idle >= self.config.timeout:
                 self._fail(job, f"stalled for {idle:.0f} s waiting for {missing}")
             elif not job.stall_reported:
                 job.stall_reported = True
                 _log(f"core {self.core}: job {job.spec.job_id} has waited {idle:.0f} s for {missing}")
-
-    @staticmethod
-    def _missing(job: Job, pending: List[ChunkState]) -> str:
-        first = job.spec.first_rank
-        unconnected = sorted({first + local for links in job.links.values()
-                              for local, link in enumerate(links) if link is None})
-        if unconnected:
-            return f"rank(s) {unconnected} to connect"
-        ranks = sorted({first + r for s in pending for r in s.missing(job.spec.num_workers)})
-        chunks = sorted(s.chunk.id for s in pending)
-        shown = ", ".join(map(str, chunks[:8])) + (" ..." if len(chunks) > 8 else "")
-        if not ranks and isinstance(job.state, HierarchicalJobState):
-            racks = sorted({r for s in pending for r in job.state.missing_racks(s)})
-            return f"rack(s) {racks} to send chunk(s) {shown}"
-        return f"rank(s) {ranks} to push chunk(s) {shown}"

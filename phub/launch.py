@@ -38,6 +38,17 @@ class JobResult:
     worker_status: Dict[int, Optional[int]] = field(default_factory=dict)
 
 
+def own_python(command: Sequence[str]) -> List[str]:
+    """`command` with a first word of `python` or `python3` replaced by the interpreter running
+    this launcher (`sys.executable`): the one phub, and what it was installed with, live in,
+    whether or not its environment is activated. Any other first word (a path such as
+    /usr/bin/python3 included) runs as given."""
+    command = list(command)
+    if command and command[0] in ("python", "python3") and sys.executable:
+        command[0] = sys.executable
+    return command
+
+
 def worker_env(address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
                timeout: Optional[float] = None) -> Dict[str, str]:
     """The environment variables `phub.connect()` reads (`address`: one server, or shards joined by commas)."""

@@ -5,8 +5,9 @@ import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .aggregation import JobState
+from .aggregation import ChunkState, JobState
 from .config import JobSpec
+from .hierarchy import HierarchicalJobState
 from .transport import Link
 
 
@@ -38,6 +39,38 @@ class Job:
         for lane_links in self.links.values():
             yield from (link for link in lane_links if link is not None and not link.closed)
         yield from (link for link in self.peer_links.values() if not link.closed)
+
+    def stranded(self, lane: int, states) -> Optional[str]:
+        """Why a round of `lane` can never complete, or None: a worker that said BYE on the lane
+        (so all its rounds there were complete) is missing from one of `states` that is part-way
+        through a round: the others pushed past the end of its work."""
+        gone = [local for bye_lane, local in self.said_bye if bye_lane == lane]
+        first = self.spec.first_rank
+        for state in states:
+            if not state.arrived or state.chunk.lane != lane:
+                continue
+            for local in gone:
+                if not state.mask >> local & 1:
+                    pushed = [first + r for r in range(self.spec.num_workers) if state.mask >> r & 1]
+                    return (f"worker {first + local} left the job (it closed or exited) while rank(s) {pushed} "
+                            f"still push chunk {state.chunk.id} (iteration {state.rounds + 1}): that round can "
+                            f"never complete; every worker must make the same pushpull calls")
+        return None
+
+    def missing(self, pending: List[ChunkState]) -> str:
+        """What a stalled job waits for, in words (its pending chunks, or ranks to connect)."""
+        first = self.spec.first_rank
+        unconnected = sorted({first + local for links in self.links.values()
+                              for local, link in enumerate(links) if link is None})
+        if unconnected:
+            return f"rank(s) {unconnected} to connect"
+        ranks = sorted({first + r for s in pending for r in s.missing(self.spec.num_workers)})
+        chunks = sorted(s.chunk.id for s in pending)
+        shown = ", ".join(map(str, chunks[:8])) + (" ..." if len(chunks) > 8 else "")
+        if not ranks and isinstance(self.state, HierarchicalJobState):
+            racks = sorted({r for s in pending for r in self.state.missing_racks(s)})
+            return f"rack(s) {racks} to send chunk(s) {shown}"
+        return f"rank(s) {ranks} to push chunk(s) {shown}"
 
 
 class Peer:

@@ -4,7 +4,10 @@ Two real worker processes (`phub launch -n 2`) train each scenario of workers/mx
 STEPS steps; one process with MXNet's local kvstore trains the same net on the summed batch. The
 weights must agree within 1e-5 (relative to the array's largest weight). NAG runs at wd=0: MXNet's
 nag_mom_update deviates from the NAG formula when wd != 0 (see the paper notes); SGD is checked
-with wd != 0, clipping, an lr schedule, a set_learning_rate and a per-parameter lr_mult.
+with wd != 0, clipping, an lr schedule, a set_learning_rate and a per-parameter lr_mult. The
+SUMMED scenarios run a dist_sync-style script (`create(reduce="sum")`, each worker's
+`trainer.step(b)` on the sum of the workers' gradients); their reference steps by one worker's
+batch on the summed batch, which is what MXNet's dist_sync computes.
 """
 import json
 import os
@@ -74,8 +77,6 @@ def test_registered_by_name_and_raw_kvstore_api(one_worker):
     kv.broadcast("w", w, outs)  # str keys; one output per device
     kv.init([3, 4], [mx.nd.ones(5), mx.nd.ones(3)])  # int keys, several at once
     assert all(np.array_equal(o.asnumpy(), w.asnumpy()) for o in outs)
-    with pytest.raises(phub.ConfigError, match="already initialized"):
-        kv.init(3, mx.nd.ones(5))
     with pytest.raises(phub.ConfigError, match="was not initialized"):
         kv.pushpull("nope", mx.nd.ones(2))
 
@@ -93,7 +94,25 @@ def test_registered_by_name_and_raw_kvstore_api(one_worker):
     kv.pushpull([3, 4], [mx.nd.ones(5), mx.nd.ones(3)], out=[mx.nd.zeros(5), mx.nd.zeros(3)])
     with pytest.raises(NotImplementedError, match="lives on the phub server"):
         kv.save_optimizer_states("unused")
+
+    # Re-broadcast, as MXNet's stores allow: the new value replaces the old one everywhere, and
+    # the server's optimizer state (momentum) starts afresh.
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+    kv.pushpull(3, mx.nd.ones(5), out=mx.nd.zeros(5))  # builds momentum on key 3
+    fresh = [mx.nd.zeros(5)]
+    kv.broadcast(3, mx.nd.full(5, 10.0), fresh)
+    np.testing.assert_array_equal(fresh[0].asnumpy(), np.full(5, 10.0))
+    out = mx.nd.zeros(5)
+    kv.pushpull(3, mx.nd.ones(5), out=out)
+    np.testing.assert_array_equal(out.asnumpy(), np.full(5, 10.0 - 0.5))  # 9.05 with the old momentum
     kv.close()
+
+
+def test_reduce_must_be_mean_or_sum():
+    from phub.integrations.mxnet import create
+
+    with pytest.raises(phub.ConfigError, match="reduce must be 'mean' or 'sum'"):
+        create(reduce="max")  # refused before connecting
 
 
 def test_kvstore_given_by_name_is_ignored_on_one_device():

@@ -7,7 +7,7 @@
     phub_mx.sync_initial_weights(trainer)   # every worker starts from rank 0's weights
     ...
     trainer.step(local_batch_size)
-    kv.close()
+    kv.close()                     # optional: a worker that ends normally leaves the job cleanly
 
 Pass the instance. Importing this module also registers the class with MXNet as ``phub``
 (`mx.kv.create("phub")` works), but MXNet 1.9.1's Trainer silently ignores a kvstore given *by
@@ -27,11 +27,14 @@ What runs where (MXNet's `update_on_kvstore`):
   this kvstore aggregates on the server and runs MXNet's own updater on the worker, on the mean
   gradient, just as MXNet's ``local`` kvstore updates inside the store. Every worker applies the
   same update to the same values, so the weights stay identical (a warning says so once).
-- ``update_on_kvstore=False``: the server returns the mean gradient and the Trainer updates.
+- ``update_on_kvstore=False``: the server returns the mean gradient (the sum with
+  ``reduce="sum"``) and the Trainer updates.
 
 Batch size: each worker calls ``trainer.step(local_batch_size)``; PHub averages over workers (the
 server's `rescale_grad` is the trainer's divided by the number of workers), so N workers with
-batch b train exactly like one process with batch N*b. (MXNet's ``dist_sync`` sums instead.)
+batch b train exactly like one process with batch N*b. MXNet's ``dist_sync`` sums instead:
+``create(reduce="sum")`` does the same, so a script written for dist_sync (each worker's
+``trainer.step(b)`` on the sum of all workers' gradients) trains as it did there.
 
 Keys may be int or str. Arrays may be NDArrays of any float dtype on any context; they travel as
 float32: one copy out of MXNet (`asnumpy`) and one copy back into each output. Every `pushpull`
@@ -48,7 +51,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from .. import optim
+from .. import exiting, optim
 from ..client import Client, connect
 from ..errors import ConfigError
 from ._common import ensure_optimizer
@@ -71,18 +74,25 @@ class PHub(KVStoreBase):
 
     `client` is an open `phub.Client` (default: `phub.connect()` from the launcher's environment;
     a client passed in is not closed by `close`). `prefix` is prepended to every key, so several
-    kvstores can share one client (and job) without their keys colliding.
+    kvstores can share one client (and job) without their keys colliding. `reduce`: "mean"
+    (the default: the workers' gradients are averaged) or "sum" (as MXNet's dist_sync).
     """
 
-    def __init__(self, client: Optional[Client] = None, prefix: str = ""):
+    def __init__(self, client: Optional[Client] = None, prefix: str = "", reduce: str = "mean"):
+        if reduce not in ("mean", "sum"):
+            raise ConfigError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+        self._average = reduce == "mean"
         self._owns_client = client is None
         self._client = connect() if client is None else client
+        if self._owns_client:  # a store dropped without close() still leaves the job cleanly
+            exiting.close_when_collected(self, self._client)
         self._prefix = prefix
         self._optimizer: Optional[mx.optimizer.Optimizer] = None
         self._server_kind = None  # phub optimizer class when the update runs on the server
         self._updater = None  # MXNet updater when it runs on this worker (MXNet reads this name)
         self._initial: Dict[object, np.ndarray] = {}  # rank 0's initial values, by MXNet key
         self._weights: Dict[object, mx.nd.NDArray] = {}  # the store's weights, worker-side updates only
+        self._inits: Dict[object, int] = {}  # MXNet key -> how many times it was initialized
 
     # -- KVStoreBase properties -----------------------------------------------------------
     @property
@@ -112,8 +122,12 @@ class PHub(KVStoreBase):
 
     # -- keys -------------------------------------------------------------------------------
     def _key(self, key):
+        """The PHub key of an MXNet key: a re-initialized key lives under a fresh one (`key#N`)."""
         if isinstance(key, bool) or not isinstance(key, (int, str)):
             raise ConfigError(f"MXNet keys must be int or str, got {key!r}")
+        again = self._inits.get(key, 1) - 1
+        if again:
+            return f"{self._prefix}{key}#{again}"
         return f"{self._prefix}{key}" if self._prefix else key
 
     @staticmethod
@@ -142,8 +156,12 @@ class PHub(KVStoreBase):
     # -- the KVStore API --------------------------------------------------------------------
     def broadcast(self, key, value, out, priority=0) -> None:
         """Register `key` with rank 0's `value` and write that value into `out` (an NDArray or a
-        list, one per device). Blocks until every worker has registered the key; ConfigError if
-        the key was registered before (PHub cannot re-initialize a key)."""
+        list, one per device). Blocks until every worker has registered the key.
+
+        A key initialized before is initialized again, as MXNet's stores do: its value becomes
+        rank 0's new `value` on every worker and its server-side optimizer state (momentum)
+        starts afresh. PHub registers it anew under a fresh server key (the old one's memory
+        stays allocated on the server, counted against its `--max-job-bytes`)."""
         del priority  # the server serves chunks as they come
         for k, values, outs in self._pairs(key, value, out):
             self._init_key(k, values[0], outs or [])
@@ -154,17 +172,22 @@ class PHub(KVStoreBase):
             self._init_key(k, values[0], [])
 
     def _init_key(self, key, value: mx.nd.NDArray, outs) -> None:
-        if key in self._initial:
-            raise ConfigError(f"key {key!r} is already initialized: PHub cannot re-initialize a key")
+        self._key(key)  # checks the key's type before anything changes
         array = self._to_numpy([value]).reshape(value.shape)
+        self._inits[key] = self._inits.get(key, 0) + 1
         self._client.init(self._key(key), array)  # array now holds rank 0's values
         self._initial[key] = array  # kept: a worker-side updater starts from it
+        self._weights.pop(key, None)  # ... from the new value, after a re-initialization
+        if self._updater is not None:
+            self._updater.states.pop(key, None)
+            self._updater.states_synced.pop(key, None)
         for o in outs:
             o[:] = array
 
     def pushpull(self, key, value, out=None, priority=0) -> None:
         """Push the gradient `value` (summed over its devices) and write the result into `out`
-        (default: `value`): the new weights when an optimizer is set, else the mean gradient.
+        (default: `value`): the new weights when an optimizer is set, else the mean gradient (the
+        sum with reduce="sum").
 
         Blocks until the result is written. Raises ConfigError for an unknown key or a size
         mismatch, and what `phub.Client.pushpull` raises (JobFailed, PHubTimeout).
@@ -213,7 +236,7 @@ class PHub(KVStoreBase):
         """Send what the server must run for `key`'s next round, if it changed."""
         opt = self._optimizer
         if self._server_kind is None:  # the server averages; the update, if any, happens here
-            ensure_optimizer(self._client, optim.Aggregate(average=True))
+            ensure_optimizer(self._client, optim.Aggregate(average=self._average))
             return
         # What MXNet's updater does before each update: count it (drives lr_scheduler), then read
         # the per-key learning rate and weight decay.
@@ -221,7 +244,8 @@ class PHub(KVStoreBase):
         clip = opt.clip_gradient if opt.clip_gradient is not None and opt.clip_gradient > 0 else -1.0
         ensure_optimizer(self._client, self._server_kind(
             learning_rate=float(opt._get_lr(key)), momentum=float(opt.momentum), wd=float(opt._get_wd(key)),
-            rescale_grad=float(opt.rescale_grad) / self.num_workers, clip_gradient=float(clip)))
+            rescale_grad=float(opt.rescale_grad) / (self.num_workers if self._average else 1),
+            clip_gradient=float(clip)))
 
     # -- optimizer state ------------------------------------------------------------------
     def save_optimizer_states(self, fname, dump_optimizer=False) -> None:
@@ -245,7 +269,9 @@ class PHub(KVStoreBase):
             raise ConfigError(f"{fname} does not hold MXNet optimizer states: {exc}") from None
 
     def close(self) -> None:
-        """Finish in-flight work and close the client if this store opened it. Idempotent."""
+        """Finish in-flight work and close the client if this store opened it. Idempotent.
+        Optional, as with MXNet's stores: a store this process no longer references, and at the
+        latest the process's normal exit, close it the same way (see phub/exiting.py)."""
         if self._owns_client:
             self._client.close()
 
@@ -267,9 +293,10 @@ def sync_initial_weights(trainer: "mx.gluon.Trainer") -> None:
         trainer._init_params()
 
 
-def create(client: Optional[Client] = None, prefix: str = "") -> PHub:
+def create(client: Optional[Client] = None, prefix: str = "", reduce: str = "mean") -> PHub:
     """A PHub kvstore for `gluon.Trainer(..., kvstore=create())`: see the module docstring.
+    `reduce="sum"` sums the workers' gradients as MXNet's dist_sync does (default: the mean).
 
     Blocks while connecting (when no `client` is given); raises what `phub.connect()` raises.
     """
-    return PHub(client, prefix)
+    return PHub(client, prefix, reduce)

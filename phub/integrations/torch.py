@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import optim
+from .. import exiting, optim
 from ..client import Client, connect
 from ..errors import ConfigError
 from ._common import ensure_optimizer
@@ -164,6 +164,8 @@ class ServerOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov))
         self.client = connect() if client is None else client
+        if client is None:  # its own connection: closed when the optimizer is collected (or at exit)
+            exiting.close_when_collected(self, self.client)
         self.average = average
         self._keys: Dict[torch.Tensor, str] = {}
         params = [p for group in self.param_groups for p in group["params"]]

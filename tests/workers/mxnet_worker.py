@@ -25,7 +25,11 @@ SCENARIOS = {
     "sgd_lr_mult_set_lr": ("sgd", {"learning_rate": 0.3, "wd": 1e-3}, {}, 1, 3.0),
     "nag_update_on_worker": ("nag", {"learning_rate": 0.1, "momentum": 0.9}, {"update_on_kvstore": False}, 1, 1.0),
     "adam_fallback": ("adam", {"learning_rate": 0.01}, {}, 1, 1.0),
+    # dist_sync's convention: the workers' gradients summed, each worker's step(b) with its own b
+    "nag_dist_sync_sum": ("nag", {"learning_rate": 0.05, "momentum": 0.9, "wd": 0.0}, {}, 1, 1.0),
+    "sgd_update_on_worker_sum": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}, {"update_on_kvstore": False}, 1, 1.0),
 }
+SUMMED = {"nag_dist_sync_sum", "sgd_update_on_worker_sum"}  # created with reduce="sum"
 
 
 def make_net(seed, devices):
@@ -83,7 +87,8 @@ def train(name, steps, kvstore, rank, workers, local_workers=None):
             losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
         for loss in losses:
             loss.backward()
-        trainer.step(len(x))
+        # dist_sync-style: step(one worker's batch); PHub's own: step(the rows this process saw)
+        trainer.step(BATCH_PER_WORKER if name in SUMMED else len(x))
     return {n: p.data(devices[0]).asnumpy() for n, p in layer_params(net).items()}
 
 
@@ -95,7 +100,7 @@ def main():
     client = phub.connect()
     saved = {}
     for name in SCENARIOS:
-        kv = phub_mx.create(client=client, prefix=f"{name}/")
+        kv = phub_mx.create(client=client, prefix=f"{name}/", reduce="sum" if name in SUMMED else "mean")
         assert kv.type == "phub" and kv.num_workers == client.num_workers
         weights = train(name, params["steps"], kv, client.rank, client.num_workers)
         saved.update({f"{name}|{k}": v for k, v in weights.items()})

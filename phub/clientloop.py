@@ -1,0 +1,125 @@
+"""The worker's I/O thread: the half of `phub.Client` that runs in the background.
+
+One thread per client drives every lane's connection from one selector: it sends what the caller
+queued (`_submit`, woken through a socket pair), writes arriving RESULTs straight into the
+caller's output arrays, counts READY frames, and on a lost connection or an ERROR frame fails
+every waiting handle with `JobFailed` naming the cause. Mixed into `phub.client.Client`.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from . import wire
+from .errors import JobFailed, PHubError, ProtocolError
+from .transport import Link, LinkClosed, flush_links
+
+
+class ClientLoop:
+    """Client methods that run on (or feed) the I/O thread; uses the Client's links and state."""
+
+    def _submit(self, frames: List[tuple]) -> None:
+        """Queue (sender, *parts) items for the I/O thread: it calls sender.send(*parts)."""
+        self._commands.append(frames)
+        self._wake()
+
+    def _to_all_lanes(self, frame: bytes) -> None:
+        self._submit([(link, frame) for link in self._links])
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _abort(self, message: str) -> None:
+        """Tell the server this worker gives up (best effort), so the others stop at once."""
+        self._to_all_lanes(wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message}))
+
+    def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
+        wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
+        if header.kind is not wire.Kind.RESULT:
+            raise ProtocolError(f"the server sent a {header.kind.name} data frame")
+        wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
+        expected = self._expect.get(header.chunk)
+        if expected is None or expected[1] != header.iteration:
+            raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
+        return expected[0]
+
+    def _on_frame(self, link: Link, frame: wire.Frame) -> None:
+        kind = frame.header.kind
+        if kind is wire.Kind.RESULT:
+            _, _, handle = self._expect.pop(frame.header.chunk)
+            handle._arrived()
+        elif kind is wire.Kind.READY:
+            body = frame.json()
+            if self._verbs:
+                self._verbs.ready(self._links.index(link), body["batch"], body)
+            self._ready_waiters[body["batch"]]._arrived()
+        elif kind is wire.Kind.OPTIMIZER and self._verbs:
+            self._optimizer_acks._arrived()
+        elif kind is wire.Kind.ERROR:
+            raise JobFailed(frame.json().get("message", "the server reported an error"))
+        else:
+            raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
+
+    def _io_loop(self) -> None:
+        try:
+            while True:
+                nap = self._verbs.nap if self._verbs and self._expect else 1.0
+                for key, mask in self._selector.select(timeout=nap):
+                    if key.data is None:
+                        self._drain_commands()
+                    else:
+                        key.data.service(mask)
+                if self._verbs:  # results written straight into our registered memory
+                    self._verbs.deliver(self._expect)
+                flush_links(self._outbox)
+                if self._closing and not self._commands and not any(l.outq for l in self._links):
+                    return
+        except LinkClosed as exc:
+            if not self._closing:
+                try:
+                    self._salvage()
+                except JobFailed as reason:
+                    self._fail(reason)
+                    return
+                self._fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
+        except (JobFailed, ProtocolError) as exc:
+            self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
+        except Exception as exc:  # a bug: fail loudly rather than hang the caller
+            self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
+
+    def _salvage(self) -> None:
+        """After a broken connection, read what the server sent before closing it: usually an
+        ERROR frame naming the cause (raised as JobFailed). The kernel keeps those bytes even
+        when our own send was what failed."""
+        for link in self._links:
+            try:
+                link.on_readable()
+            except (LinkClosed, ProtocolError, OSError):
+                continue
+
+    def _drain_commands(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        with self._lock:
+            self._wake_pending = False
+        while self._commands:
+            for item in self._commands.popleft():
+                item[0].send(*item[1:])
+
+    def _fail(self, error: PHubError) -> None:
+        if self._error is None:
+            self._error = error
+        for _, _, handle in list(self._expect.values()):
+            handle._event.set()
+        for handle in [*self._ready_waiters.values(), self._optimizer_acks]:
+            if handle is not None:
+                handle._event.set()
