@@ -71,7 +71,7 @@ def _name(pid: int) -> str:
     except OSError:
         return "?"
     words = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
-    if "-m" in words and words.index("-m") + 2 <= len(words) - 1 + 1:
+    if "-m" in words[:-1]:
         words = words[words.index("-m") + 1:]  # "python -m phub server ...": the module and its command
     return " ".join(words[:2]).replace(",", " ")[:60]
 

@@ -38,6 +38,18 @@ def before_step(ending, rank, step):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _torch_steps(model, opt, ending, rank):
+    """STEPS steps of a torch optimizer on rank-dependent inputs."""
+    import torch
+
+    x = torch.ones(2, 8) * (rank + 1)
+    for step in range(1, STEPS + 1):
+        before_step(ending, rank, step)
+        opt.zero_grad()
+        (model(x) ** 2).sum().backward()
+        opt.step()
+
+
 def plain(ending, rank):
     kv = phub.connect()
     w = np.zeros(1000, np.float32)
@@ -81,12 +93,7 @@ def torch_server(ending, rank):
     torch.manual_seed(rank)
     model = torch.nn.Linear(8, 4)
     opt = phub_torch.ServerOptimizer(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)  # its own client
-    x = torch.ones(2, 8) * (rank + 1)
-    for step in range(1, STEPS + 1):
-        before_step(ending, rank, step)
-        opt.zero_grad()
-        (model(x) ** 2).sum().backward()
-        opt.step()
+    _torch_steps(model, opt, ending, rank)
     return opt, opt.client.close
 
 
@@ -101,12 +108,7 @@ def torch_ddp(ending, rank):
     model = DistributedDataParallel(torch.nn.Linear(8, 4))
     phub_torch.register_hook(model, client)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.ones(2, 8) * (rank + 1)
-    for step in range(1, STEPS + 1):
-        before_step(ending, rank, step)
-        opt.zero_grad()
-        (model(x) ** 2).sum().backward()
-        opt.step()
+    _torch_steps(model, opt, ending, rank)
     return client, client.close
 
 

@@ -159,10 +159,8 @@ def _calibration(config: dict, exp: dict) -> Iterator[dict]:
     """One server core's chunk rate, compute removed, links unshaped (loopback, whatever the
     network): what limits a server here, for the capacity claim."""
     for kb in exp["chunk_kb"]:
-        point = _point(dict(config, network="loopback"), exp, "calibration", f"c{kb:g}k", system="phub",
-                       model=exp["model"], workers=exp["workers"], compute="zero", cores=1,
-                       chunk_bytes=int(kb * 1024))
-        yield point
+        yield _point(dict(config, network="loopback"), exp, "calibration", f"c{kb:g}k", system="phub",
+                     model=exp["model"], workers=exp["workers"], compute="zero", cores=1, chunk_bytes=int(kb * 1024))
 
 
 GENERATORS = {"pbox": _pbox, "capacity": _capacity, "scaling": _scaling, "cross_rack": _cross_rack,

@@ -17,6 +17,7 @@ import contextlib
 import csv
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -29,9 +30,8 @@ from experiments.multitenant import run_tenants  # noqa: E402
 from experiments.network import emulated_view  # noqa: E402
 from experiments.runner import Options, run_exchanges  # noqa: E402
 from phub.errors import PHubError  # noqa: E402
-from phub.fileio import write_json  # noqa: E402
-from phub.fileio import write_csv  # noqa: E402
-from tidy import COLUMNS, git_commit, tidy_row  # noqa: E402
+from phub.fileio import write_csv, write_json  # noqa: E402
+from tidy import COLUMNS, chunks_per_worker, git_commit, tidy_row  # noqa: E402
 
 
 def options_for(point: dict) -> Options:
@@ -92,20 +92,16 @@ def run_shape(points: list, results: Path, progress: list, log=sys.stderr) -> in
             except PHubError as exc:
                 print(f"{label}: failed: {exc}", file=log, flush=True)
                 return 1
-            tidy = [tidy_row(point, row, commit, shared_with="" if source == label else source) for row in rows]
+            chunks = chunks_per_worker(point["model"], rows[0].get("cluster", {}).get("scale"), point["chunk_bytes"])
+            tidy = [tidy_row(point, row, commit, chunks, shared_with="" if source == label else source) for row in rows]
             write_csv(csv_path(results, point), tidy, COLUMNS)
             seconds = time.monotonic() - started
             bounds = ", ".join(sorted({r["bound"] or "?" for r in tidy}))
-            print(f"{label}: {len(tidy)} repeats, median {_median([r['seconds_per_iteration'] for r in tidy]) * 1e3:.1f} "
+            print(f"{label}: {len(tidy)} repeats, median {statistics.median(r['seconds_per_iteration'] for r in tidy) * 1e3:.1f} "
                   f"ms per iteration, bound {bounds} ({seconds:.0f} s"
                   f"{'; measured as ' + source if source != label else ''})", file=log, flush=True)
             _log_duration(results, label, seconds)
     return 0
-
-
-def _median(values: list) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else sum(ordered[len(ordered) // 2 - 1:][:2]) / 2
 
 
 def _log_duration(results: Path, label: str, seconds: float) -> None:

@@ -38,12 +38,12 @@ def _host_rate(extra: dict, key: str) -> float:
     return float(extra.get("measured_mbit", {}).get("host", {}).get("mean_mbit", 0))
 
 
-def tidy_row(point: dict, result: dict, commit: str, shared_with: str = "") -> dict:
-    """The CSV row of one repeat: `result` is a runner row (experiments.runner)."""
+def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: str = "") -> dict:
+    """The CSV row of one repeat: `result` is a runner row (experiments.runner); `chunks` the
+    point's chunks_per_worker (the same for every repeat)."""
     extra = result.get("cluster", {}) or {}  # an emulated rack's facts; empty on loopback
     scale = extra.get("scale", {})
     bound = result.get("bound") or {}
-    chunks = chunks_per_worker(point["model"], scale or None, point["chunk_bytes"])
     seconds = result["seconds_per_iteration"]
     rate = ""
     if point["experiment"] == "calibration" and bound.get("service_cpu"):
