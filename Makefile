@@ -13,7 +13,7 @@ QUICK := results/quick
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py phub/_kernels.c
+$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_fastpath.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -1,4 +1,5 @@
-"""Builds the one C extension, phub._fastkernels (see phub/kernels.py for why C, not numba)."""
+"""Builds the C extensions: phub._fastkernels (see phub/kernels.py for why C, not numba) and
+phub._fastpath (the server's push receive loop, see phub/_fastpath.c)."""
 from setuptools import Extension, setup
 
 setup(
@@ -9,6 +10,8 @@ setup(
             # No -march=native: the build must run anywhere it is installed. fp-contract=off keeps
             # the C kernels bit-identical to the numpy reference (no fused multiply-add).
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],
-        )
+        ),
+        Extension("phub._fastpath", sources=["phub/_fastpath.c"],
+                  extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]),
     ]
 )

@@ -94,6 +94,11 @@ class JobState:
         self._uninitialized: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> chunk ids
         self._ready_sent: Set[Tuple[int, int]] = set()
         self._digests: List[str] = []
+        # What the C push loop (phub/_fastpath.c, used by staged links) reads per chunk id: its
+        # lane here (-1: another core's), payload bytes, ready (its lane and batch initialized);
+        # and the owned ChunkState by chunk id (None for another core's).
+        self.fast_table = np.zeros((0, 3), dtype=np.int32)
+        self.fast_states: List[Optional[ChunkState]] = []
         # Where a new batch's buffers live: None = the heap; the verbs data path sets a function
         # returning [(chunks, weights, slots[rank], results or None)] in registered memory.
         self.buffers = None
@@ -113,6 +118,7 @@ class JobState:
             self._digests.append(ChunkPlan.batch_digest(arrays))
             self.chunk_nbytes = self.plan.chunk_nbytes()
             self._allocate([c for c in new if c.lane in self.lanes])
+            self._extend_fast_table(new)
             for own_lane in self.lanes:
                 self._uninitialized[(own_lane, batch)] = {c.id for c in new if c.lane == own_lane}
                 self._registered[(own_lane, batch)] = set()
@@ -138,6 +144,13 @@ class JobState:
                 if results is not None:
                     state.result = results[offset:end]
                 offset = end
+
+    def _extend_fast_table(self, new: List[Chunk]) -> None:
+        rows = np.zeros((len(new), 3), dtype=np.int32)
+        for i, c in enumerate(new):
+            rows[i] = (c.lane if c.id in self.owned else -1, c.nbytes, 0)
+            self.fast_states.append(self.owned.get(c.id))
+        self.fast_table = np.concatenate([self.fast_table, rows])
 
     def _heap_buffers(self, chunks: List[Chunk]):
         total = sum(c.size for c in chunks)
@@ -180,6 +193,8 @@ class JobState:
             return []
         self._ready_sent.add((lane, batch))
         chunks = tuple(s for s in self.owned.values() if s.chunk.lane == lane and s.chunk.batch == batch)
+        for state in chunks:
+            self.fast_table[state.chunk.id, 2] = 1
         return [ReadyLane(lane, batch, chunks)]
 
     def _ready_all(self, batch: int) -> list:

@@ -31,7 +31,14 @@ from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, connect as tcp_connect, parse_addresses, recv_control
+from .transport import Link, StagedLink, connect as tcp_connect, parse_addresses, recv_control
+
+try:
+    from ._fastpath import drain_results
+except ImportError:  # not built: every frame takes the Python path
+    drain_results = None
+
+STAGING_BYTES = 256 * 1024  # a lane's read size (see transport.StagedLink)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -67,6 +74,7 @@ class Client(ClientLoop):
         self._ready_waiters: Dict[int, Handle] = {}  # batch -> handle counting READY frames
         self._iterations: Dict[Hashable, int] = {}
         self._chunk_nbytes: List[int] = []
+        self._chunk_table = np.zeros((0, 2), dtype=np.int32)  # [lane, payload bytes] by chunk id, for drain_results
         self._inflight: Dict[Hashable, Handle] = {}
         self._commands: deque = deque()
         self._wake_pending = False
@@ -147,8 +155,13 @@ class Client(ClientLoop):
         except BaseException:
             sock.close()
             raise
-        return Link(sock, self._selector, lambda h, lane=lane: self._payload_target(h, lane), self._on_frame,
-                    self._outbox)
+        target = lambda h, lane=lane: self._payload_target(h, lane)  # noqa: E731
+        if drain_results is None or self._verbs:
+            return Link(sock, self._selector, target, self._on_frame, self._outbox)
+        capacity = max(STAGING_BYTES, 2 * (self.plan.chunk_bytes + wire.HEADER_BYTES))
+        fast = lambda link, staging, start, end, lane=lane: drain_results(  # noqa: E731
+            staging, start, end, self.job_id, lane, self._chunk_table, self._expect)
+        return StagedLink(sock, self._selector, target, self._on_frame, self._outbox, fast, capacity)
 
     # -- public API -------------------------------------------------------------------------
     def init(self, keys, values) -> None:
@@ -172,6 +185,7 @@ class Client(ClientLoop):
         batch = len(self.plan.batches)
         new = self.plan.add_arrays([(key, arr.shape) for key, arr in arrays.items()])
         self._chunk_nbytes = self.plan.chunk_nbytes()  # replaced whole: the I/O thread reads it
+        self._chunk_table = np.array([(c.lane, c.nbytes) for c in self.plan.chunks], dtype=np.int32).reshape(-1, 2)
         flat = {key: arr.reshape(-1) for key, arr in arrays.items()}
         handle = Handle(self, len(new) + len(self._links), None, f"init of batch {batch}", [c.id for c in new])
         self._ready_waiters[batch] = handle

@@ -27,9 +27,15 @@ from .admission import Admission
 from .racklinks import RackLinks
 from .rdma.serving import CoreVerbs
 from .session import Job, Peer, RefusalLog
-from .transport import Link, LinkClosed, flush_links
+from .transport import Link, LinkClosed, StagedLink, flush_links
+
+try:
+    from ._fastpath import drain_pushes
+except ImportError:  # not built: every frame takes the Python path
+    drain_pushes = None
 
 _PUSH = wire.Kind.PUSH
+STAGING_BYTES = 256 * 1024  # a staged link's read size (see transport.StagedLink)
 
 
 def _log(message: str) -> None:
@@ -57,6 +63,9 @@ class Core(Admission, RackLinks):
         self.pending: Dict[str, int] = {}  # remote address -> its connections not yet authenticated
         self.refusals = RefusalLog(lambda message: _log(f"core {core}: {message}"))
         self._next_sweep = time.monotonic() + 1.0
+        # Pushes go through the C loop when it is built and the kernels are the C ones (it folds
+        # with the same loops); the reference kernels keep every frame on the Python path.
+        self._fast_pushes_on = drain_pushes is not None and self.kernels.name == "fast" and config.transport == "tcp"
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -108,10 +117,32 @@ class Core(Admission, RackLinks):
                 self._fail(job, f"RDMA data path: {exc}")
 
     def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
-        link = Link(sock, self.selector, lambda header: self._payload_target(peer, header), self._on_frame,
-                    self.outbox)
+        target = lambda header: self._payload_target(peer, header)  # noqa: E731
+        if self._fast_pushes_on:
+            capacity = max(STAGING_BYTES, 2 * (self.config.chunk_bytes + wire.HEADER_BYTES))
+            link = StagedLink(sock, self.selector, target, self._on_frame, self.outbox, self._fast_pushes, capacity)
+        else:
+            link = Link(sock, self.selector, target, self._on_frame, self.outbox)
         self.peers[link] = peer
         return link
+
+    def _fast_pushes(self, link: Link, staging: memoryview, start: int, end: int):
+        """The C loop over a staged link's pushes (see transport.StagedLink); a worker's link only."""
+        peer = self.peers[link]
+        job = peer.job
+        if job is None or peer.rack >= 0 or job.state is None or job.verbs is not None or job.ended is not None:
+            return start, True
+        state = job.state
+        completed: list = []
+        offset, at_frame = drain_pushes(staging, start, end, job.spec.job_id, peer.rank, peer.lane, peer.local,
+                                        state.num_workers, state.fast_table, state.fast_states, completed)
+        if offset != start:
+            job.last_progress = time.monotonic()
+            for chunk, acc, last in completed:
+                self._act(job, state._local_round_done(chunk, acc, last))
+            if job.said_bye and job.ended is None:  # a worker has left: these rounds may never complete
+                self._check_stranded(job, peer.lane, state.pending())
+        return offset, at_frame
 
     # -- frames -----------------------------------------------------------------------------
     def _payload_target(self, peer: Peer, header: wire.Header) -> memoryview:

@@ -167,6 +167,72 @@ class Link:
         self.sock.close()
 
 
+# How a staged link hands the bytes it read to the C push loop: (link, staging, start, end) ->
+# (offset of the first byte not consumed, whether a frame for the Python path starts there).
+FastPushes = Callable[["Link", memoryview, int, int], Tuple[int, bool]]
+
+
+class StagedLink(Link):
+    """A server's connection read in large reads into a staging buffer (`capacity` bytes).
+
+    `fast_pushes` (the C loop of phub/_fastpath.c, through the core) takes the pushes it finds
+    there, many frames per system call; every other frame is fed from the staging buffer to the
+    link's FrameReceiver, so it is checked and handled exactly as on a plain `Link`. A frame
+    larger than what is staged (a big REGISTER) is read straight into the receiver's buffer.
+    `capacity` must hold two of the largest push frames, so one cut in half still fits.
+    """
+
+    def __init__(self, sock, selector, payload_target, on_frame, outbox, fast_pushes: FastPushes, capacity: int):
+        super().__init__(sock, selector, payload_target, on_frame, outbox)
+        self._fast_pushes = fast_pushes
+        self._staging = memoryview(bytearray(capacity))
+        self._start = self._end = 0  # staging[start:end] holds bytes read but not yet consumed
+
+    def on_readable(self) -> None:
+        if self.closed:
+            return
+        receiver, on_frame, staging = self.receiver, self.on_frame, self._staging
+        frame = receiver.received(0)
+        while True:
+            while frame is not None:
+                on_frame(self, frame)
+                if self.closed:
+                    return
+                frame = receiver.received(0)
+            if self._start < self._end:
+                at_frame = not receiver.idle
+                if not at_frame:
+                    self._start, at_frame = self._fast_pushes(self, staging, self._start, self._end)
+                    if self.closed:
+                        return
+                if at_frame:  # feed the Python path: a copy, for the frames that are not pushes
+                    buffer = receiver.buffer()
+                    n = min(len(buffer), self._end - self._start)
+                    buffer[:n] = staging[self._start:self._start + n]
+                    self._start += n
+                    frame = receiver.received(n)
+                    continue
+            if self._start == self._end:
+                self._start = self._end = 0
+            elif self._end == len(staging):  # an incomplete frame at the end: move it to the front
+                rest = self._end - self._start
+                staging[:rest] = staging[self._start:self._end]
+                self._start, self._end = 0, rest
+            direct = not receiver.idle and self._start == self._end
+            try:
+                n = self.sock.recv_into(receiver.buffer() if direct else staging[self._end:])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                raise LinkClosed(f"connection error: {exc}", not receiver.idle or self._start < self._end) from None
+            if n == 0:
+                raise LinkClosed("connection closed by peer", not receiver.idle or self._start < self._end)
+            if direct:
+                frame = receiver.received(n)
+            else:
+                self._end += n
+
+
 def _consume(outq: "collections.deque", sent: int) -> None:
     """Drop the `sent` bytes at the front of `outq` (a part sent in part leaves its tail)."""
     while outq:

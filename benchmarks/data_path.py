@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""How close phub's data path gets to the machine's limits, on loopback, in one run.
+
+    python benchmarks/data_path.py [--model resnet50] [--workers 2] [--repeats 3]
+        [--chunk-sizes 1024,4096,32768] [--rate-chunks 4096] [--out FILE]
+
+Three limits, each measured here rather than assumed:
+
+* **Raw TCP** (`tcp_bound_gbps`): the same process layout and byte pattern as a phub exchange,
+  with nothing but sockets: every worker process sends the model's bytes to one receiver process
+  and receives them back (the receiver echoes what it reads), large sends, no framing.
+  `ratio_phub_over_tcp_bound` is phub's effective throughput (the same bytes: up and down, every
+  worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes.
+* **ps-lite** (`ratio_phub_over_pslite-central`): phub's time per exchange over MXNet's ps-lite
+  with one server (it moves the same bytes as phub), same model, same run (below 1: phub faster).
+* **One server core** (`chunks_per_s_per_core`): a phub server with one core and two workers
+  pushing a synthetic model of `--rate-chunks` chunks of 1 KB, 4 KB and 32 KB, compute removed. The rate
+  is pushes the server took in, per second of that core's CPU time (the workers share this
+  machine's cores, so wall time would measure them too; `wall_chunks_per_s` says it anyway).
+  `kernel_bound_chunks_per_s` is the rate the fused aggregate+NAG pass alone would allow (each
+  round of a chunk reads every worker's copy, the weights and the momentum, and writes the last
+  two), and `overhead_us_per_chunk` the server's CPU time per pushed chunk beyond that pass.
+
+Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
+turn, so a slow drift of the machine hits all alike. The last line of stdout is one JSON object
+with the keys above; `--out FILE` also writes it there (atomically).
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from experiments.models import load_model  # noqa: E402
+from experiments.runner import run_exchanges  # noqa: E402
+from phub.fileio import write_json  # noqa: E402
+from phub.kernels import get_backend  # noqa: E402
+
+ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
+TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)
+RATE_ITERATIONS = 10  # timed exchanges of a chunk-rate run (CPU time is counted in 10 ms ticks)
+LOOPBACK = "127.0.0.1"
+
+
+# -- raw TCP: the bound ------------------------------------------------------------------------
+def _echo(listener: socket.socket, workers: int, total: int) -> None:
+    """The receiver: read each worker's bytes and send them straight back, one thread per worker."""
+    def serve(conn: socket.socket) -> None:
+        buf = memoryview(bytearray(ECHO_BUFFER))
+        left = total
+        while left:
+            n = conn.recv_into(buf, min(len(buf), left))
+            if not n:
+                return
+            conn.sendall(buf[:n])
+            left -= n
+
+    conns = [listener.accept()[0] for _ in range(workers)]
+    threads = [threading.Thread(target=serve, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _tcp_worker(port: int, nbytes: int, iterations: int, results) -> None:
+    sock = socket.create_connection((LOOPBACK, port), timeout=120)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    src = memoryview(np.ones(nbytes // 4, np.float32)).cast("B")
+    dst = memoryview(np.empty(nbytes // 4, np.float32)).cast("B")
+    seconds = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        sender = threading.Thread(target=sock.sendall, args=(src,))
+        sender.start()
+        got = 0
+        while got < len(dst):
+            n = sock.recv_into(dst[got:])
+            if not n:
+                raise ConnectionError("the echo receiver closed early")
+            got += n
+        sender.join()
+        seconds.append(time.perf_counter() - started)
+    results.put(seconds)
+
+
+def tcp_seconds_per_exchange(nbytes: int, workers: int) -> float:
+    """Median over round trips of the slowest worker's time to send and get back `nbytes`."""
+    nbytes -= nbytes % 4
+    iterations = TCP_ITERATIONS + 1
+    listener = socket.create_server((LOOPBACK, 0), backlog=workers)
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    echo = ctx.Process(target=_echo, args=(listener, workers, nbytes * iterations), daemon=True)
+    echo.start()
+    port = listener.getsockname()[1]
+    procs = [ctx.Process(target=_tcp_worker, args=(port, nbytes, iterations, results), daemon=True)
+             for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        per_worker = [results.get(timeout=300) for _ in procs]
+    finally:
+        for p in [*procs, echo]:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        listener.close()
+    slowest = [max(w[i] for w in per_worker) for i in range(1, iterations)]  # round 0 warms up
+    return statistics.median(slowest)
+
+
+# -- one server core -------------------------------------------------------------------------
+def kernel_seconds_per_round(chunk_bytes: int, model_bytes: int, workers: int) -> float:
+    """The fused aggregate+NAG pass alone, chunk by chunk over a `model_bytes` working set."""
+    kernels = get_backend("fast")
+    n = model_bytes // 4
+    step = chunk_bytes // 4
+    copies = [np.full(n, 0.001 * (r + 1), np.float32) for r in range(workers)]
+    weight, mom, acc = (np.full(n, 0.01, np.float32) for _ in range(3))
+
+    def one_pass() -> None:
+        for lo in range(0, n, step):
+            c = slice(lo, lo + step)
+            kernels.scale(acc[c], copies[0][c], copies[1][c], 1.0)
+            for extra in copies[2:]:
+                kernels.aggregate(acc[c], extra[c], False)
+            kernels.nag(weight[c], mom[c], acc[c], None, 0.05, 0.9, 0.0, 1.0 / workers, -1.0)
+
+    one_pass()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) / (n // step)
+
+
+def _cpu_seconds(pids) -> float:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _rate_worker(address: str, rank: int, workers: int, elements: int, iterations: int, barrier) -> None:
+    import phub
+
+    with phub.connect(address, rank, workers, timeout=120) as kv:
+        weights = np.zeros(elements, np.float32)
+        kv.init(0, weights)
+        kv.set_optimizer(phub.NAG(learning_rate=0.05, momentum=0.9, rescale_grad=1.0 / workers))
+        grad = np.full(elements, 0.001 * (rank + 1), np.float32)
+        for _ in range(2):  # warm-up: first-touch of every buffer
+            kv.pushpull(0, grad, weights)
+        barrier.wait(120)
+        for _ in range(iterations):
+            kv.pushpull(0, grad, weights)
+        barrier.wait(120)
+
+
+def core_rate(chunk_bytes: int, chunks: int, workers: int) -> dict:
+    """One server core's pushes per second of its own CPU time (and per wall second), compute removed."""
+    from phub.config import JobSpec, ServerConfig
+    from phub.server import Server
+
+    server = Server(ServerConfig(jobs=(JobSpec(num_workers=workers),), interfaces=(LOOPBACK,),
+                                 chunk_bytes=chunk_bytes, once=True, timeout=120)).start()
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(workers + 1)
+    procs = [ctx.Process(target=_rate_worker, daemon=True,
+                         args=(server.address, r, workers, chunk_bytes // 4 * chunks, RATE_ITERATIONS, barrier))
+             for r in range(workers)]
+    try:
+        for p in procs:
+            p.start()
+        barrier.wait(120)
+        cpu, wall = _cpu_seconds(server.pids), time.perf_counter()
+        barrier.wait(300)
+        cpu, wall = _cpu_seconds(server.pids) - cpu, time.perf_counter() - wall
+        for p in procs:
+            p.join(60)
+        if any(p.exitcode != 0 for p in procs):
+            raise RuntimeError(f"a chunk-rate worker failed (exit codes {[p.exitcode for p in procs]})")
+        server.wait(60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        server.stop()
+    pushes = workers * chunks * RATE_ITERATIONS
+    return {"cpu": pushes / cpu if cpu > 0 else None, "wall": pushes / wall}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=5, help="timed exchanges per block (model runs)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-sizes", default="1024,4096,32768")
+    parser.add_argument("--rate-chunks", type=int, default=4096, help="chunks of the chunk-rate runs' model")
+    parser.add_argument("--out", help="also write the summary and every row to this JSON file")
+    args = parser.parse_args()
+    if args.workers < 2:
+        parser.error("--workers must be at least 2 (a server core aggregates copies)")
+    sizes = [int(s) for s in args.chunk_sizes.split(",") if s]
+
+    started = time.perf_counter()
+    model_bytes = load_model(args.model).bytes
+    rows, tcp, exchange = [], [], {"phub": [], "pslite-central": []}
+    rates = {size: {"wall": [], "cpu": []} for size in sizes}
+    for repeat in range(args.repeats):
+        tcp.append(tcp_seconds_per_exchange(model_bytes, args.workers))
+        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange", file=sys.stderr, flush=True)
+        for system in exchange:
+            row = run_exchanges(system, args.model, args.workers, args.iterations, 1, quiet=True)[0]
+            rows.append(dict(row, repeat=repeat))
+            exchange[system].append(row["seconds_per_iteration"])
+            print(f"repeat {repeat}: {system:14s} {exchange[system][-1] * 1e3:8.1f} ms per exchange",
+                  file=sys.stderr, flush=True)
+        for size in sizes:
+            rate = core_rate(size, args.rate_chunks, args.workers)
+            rows.append({"benchmark": "core_rate", "repeat": repeat, "chunk_bytes": size, **rate})
+            for kind in rate:
+                if rate[kind] is not None:
+                    rates[size][kind].append(rate[kind])
+            cpu = f"{rate['cpu']:,.0f}" if rate["cpu"] else "?"
+            print(f"repeat {repeat}: one core, {size:5d}-byte chunks: {cpu} pushes per CPU second "
+                  f"({rate['wall']:,.0f} per second)", file=sys.stderr, flush=True)
+
+    median = statistics.median
+    tcp_s, phub_s, pslite_s = median(tcp), median(exchange["phub"]), median(exchange["pslite-central"])
+    moved_bits = 2 * args.workers * model_bytes * 8
+    per_core, per_chunk = {}, {}
+    for size in sizes:
+        kernel = kernel_seconds_per_round(size, size * args.rate_chunks, args.workers)
+        cpu = median(rates[size]["cpu"]) if rates[size]["cpu"] else None
+        per_core[str(size)] = round(cpu) if cpu else None
+        per_chunk[str(size)] = {
+            "wall_chunks_per_s": round(median(rates[size]["wall"])),
+            "kernel_bound_chunks_per_s": round(args.workers / kernel),
+            "ratio_to_kernel_bound": round(cpu * kernel / args.workers, 3) if cpu else None,
+            "overhead_us_per_chunk": round((1 / cpu - kernel / args.workers) * 1e6, 2) if cpu else None,
+        }
+    summary = {
+        "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,
+        "tcp_bound_gbps": round(moved_bits / tcp_s / 1e9, 2),
+        "phub_gbps": round(moved_bits / phub_s / 1e9, 2),
+        "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
+        "ratio_phub_over_pslite-central": round(phub_s / pslite_s, 3),
+        "seconds": {"tcp": round(tcp_s, 5), "phub": round(phub_s, 5), "pslite-central": round(pslite_s, 5)},
+        "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
+        "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
+    }
+    print(f"\n{args.model}, {args.workers} workers, medians of {args.repeats} repeats:")
+    print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s, phub {summary['phub_gbps']} Gbit/s: "
+          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= 0.8)")
+    print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
+    for size in sizes:
+        c = per_chunk[str(size)]
+        print(f"  one core, {size:5d} B chunks: {per_core[str(size)]} per CPU s, kernel bound "
+              f"{c['kernel_bound_chunks_per_s']}, overhead {c['overhead_us_per_chunk']} us per chunk")
+    if args.out:
+        write_json(args.out, {"summary": summary, "rows": rows}, indent=1)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

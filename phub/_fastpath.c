@@ -1,0 +1,355 @@
+/*
+ * phub._fastpath: the server's per-chunk receive loop for pushes, in C.
+ *
+ * A server core reads a worker's connection in large reads into a staging buffer (see
+ * phub/staging.py). `drain_pushes` walks the frames in it and, for every well-formed PUSH that
+ * belongs on this connection now, does what JobState.push_target + JobState.on_push do in
+ * Python: copy the payload into the worker's slot, fold it into the chunk's merge buffer, and
+ * when the round is complete hand (state, acc, last) back for the optimizer and the results. It
+ * stops at the first frame it does not handle in full (any other kind, a wrong field, a push
+ * out of turn, or bytes still missing) and leaves that frame to the Python path, which raises
+ * the same errors as always. So this file holds no protocol rule that Python does not also
+ * check; it only takes the common case off the interpreter.
+ *
+ * The round state stays in the Python ChunkState objects (rounds, arrived, mask), so the rest of
+ * the server (stall checks, failures, the pure-Python path) sees one truth. The folds are the
+ * same float32 operations in the same order as JobState.on_push with the kernels of
+ * phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python path.
+ *
+ * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
+ * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER_BYTES 32
+#define KIND_PUSH 7
+#define KIND_RESULT 8
+#define SERVER_SENDER 0xFFFFFFFFu
+#define TABLE_COLUMNS 3 /* per chunk id: lane (-1: not owned here), payload bytes, ready (0/1) */
+
+static PyObject *s_rounds, *s_arrived, *s_mask, *s_slots, *s_acc, *s_arrived_method;
+
+static inline uint32_t
+le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* An int attribute of `obj`, or -1 with an exception set. */
+static long long
+get_int(PyObject *obj, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    long long result = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return result;
+}
+
+static int
+set_int(PyObject *obj, PyObject *name, long long value)
+{
+    PyObject *number = PyLong_FromLongLong(value);
+    if (number == NULL) {
+        return -1;
+    }
+    int status = PyObject_SetAttr(obj, name, number);
+    Py_DECREF(number);
+    return status;
+}
+
+/* A writable float32 view of exactly `nbytes` bytes; -1 with an exception set otherwise. */
+static int
+get_floats(PyObject *array, Py_ssize_t nbytes, Py_buffer *view)
+{
+    if (PyObject_GetBuffer(array, view, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if (view->len != nbytes) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_AssertionError, "a chunk buffer has %zd bytes, the table says %zd", view->len, nbytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* Fold one landed push (already in slots[rank]) into its chunk; append to `completed` when the
+ * round is complete. Mirrors JobState.on_push. Returns -1 with an exception set on failure. */
+static int
+fold(PyObject *state, PyObject *slots, long long rank, long long before, long long arrived,
+     long long num_workers, Py_ssize_t nbytes, PyObject *completed)
+{
+    PyObject *mine = PyList_GET_ITEM(slots, rank);
+    if (arrived == num_workers) {
+        PyObject *acc, *last = mine;
+        if (arrived == 1) {
+            acc = mine;
+            last = Py_None;
+        } else if (arrived == 2) {
+            int first = 63 - __builtin_clzll((unsigned long long)before);
+            acc = PyList_GET_ITEM(slots, first);
+        } else {
+            acc = PyObject_GetAttr(state, s_acc);
+            if (acc == NULL) {
+                return -1;
+            }
+            Py_DECREF(acc); /* the state keeps it alive */
+        }
+        PyObject *item = PyTuple_Pack(3, state, acc, last);
+        if (item == NULL) {
+            return -1;
+        }
+        int status = PyList_Append(completed, item);
+        Py_DECREF(item);
+        return status;
+    }
+    if (arrived < 2) {
+        return 0; /* the first copy waits in its slot (see aggregation.py) */
+    }
+    PyObject *acc_obj = PyObject_GetAttr(state, s_acc);
+    if (acc_obj == NULL) {
+        return -1;
+    }
+    Py_buffer acc, src, first;
+    int status = get_floats(acc_obj, nbytes, &acc);
+    Py_DECREF(acc_obj);
+    if (status < 0) {
+        return -1;
+    }
+    if (get_floats(mine, nbytes, &src) < 0) {
+        PyBuffer_Release(&acc);
+        return -1;
+    }
+    float *a = (float *)acc.buf;
+    const float *s = (const float *)src.buf;
+    const Py_ssize_t n = nbytes / (Py_ssize_t)sizeof(float);
+    if (arrived == 2) { /* acc = first + second, as scale(acc, first, second, 1.0) */
+        int index = 63 - __builtin_clzll((unsigned long long)before);
+        if (get_floats(PyList_GET_ITEM(slots, index), nbytes, &first) < 0) {
+            PyBuffer_Release(&acc);
+            PyBuffer_Release(&src);
+            return -1;
+        }
+        const float *f = (const float *)first.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            a[i] = (f[i] + s[i]) * 1.0f;
+        }
+        PyBuffer_Release(&first);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            a[i] = a[i] + s[i];
+        }
+    }
+    PyBuffer_Release(&acc);
+    PyBuffer_Release(&src);
+    return 0;
+}
+
+PyDoc_STRVAR(drain_pushes_doc,
+"drain_pushes(staging, start, end, job, sender, lane, rank, num_workers, table, states, completed)\n--\n\n"
+"Handle the complete, in-turn PUSH frames of one worker connection found in staging[start:end].\n"
+"Returns (offset, stopped_at_frame): the offset of the first byte not consumed, and whether a\n"
+"frame this loop does not handle starts there (False: the bytes there are an incomplete frame).\n"
+"`table` is the job's int32 (chunks, 3) array [lane, payload bytes, ready]; `states` the list of\n"
+"ChunkState by chunk id; completed rounds are appended to `completed` as (state, acc, last).");
+
+static PyObject *
+fp_drain_pushes(PyObject *self, PyObject *args)
+{
+    Py_buffer staging, table;
+    Py_ssize_t start, end;
+    unsigned int job, sender;
+    int lane;
+    long long rank, num_workers;
+    PyObject *states, *completed;
+    if (!PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!:drain_pushes", &staging, &start, &end, &job, &sender,
+                          &lane, &rank, &num_workers, &table, &PyList_Type, &states, &PyList_Type,
+                          &completed)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int stopped_at_frame = 0;
+    if (start < 0 || end > staging.len || start > end || table.len % (TABLE_COLUMNS * 4) != 0 ||
+        rank < 0 || rank >= num_workers || num_workers > 63) {
+        PyErr_SetString(PyExc_ValueError, "drain_pushes: inconsistent arguments");
+        goto done;
+    }
+    const unsigned char *base = (const unsigned char *)staging.buf;
+    const int32_t *rows = (const int32_t *)table.buf;
+    const Py_ssize_t chunks = table.len / (TABLE_COLUMNS * 4);
+    const Py_ssize_t listed = PyList_GET_SIZE(states);
+    while (end - start >= HEADER_BYTES) {
+        const unsigned char *h = base + start;
+        /* magic, version, kind, flags, job, sender, chunk, iteration, length, reserved */
+        uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
+        if (memcmp(h, "PHUB", 4) != 0 || h[4] != 1 || h[5] != KIND_PUSH || le32(h + 8) != job ||
+            le32(h + 12) != sender || chunk >= (uint32_t)chunks || chunk >= (uint32_t)listed) {
+            stopped_at_frame = 1;
+            break;
+        }
+        const int32_t *row = rows + (Py_ssize_t)chunk * TABLE_COLUMNS;
+        if (row[0] != lane || row[2] != 1 || (uint32_t)row[1] != length) {
+            stopped_at_frame = 1;
+            break;
+        }
+        if (end - start - HEADER_BYTES < (Py_ssize_t)length) {
+            break; /* the payload is not all here yet */
+        }
+        PyObject *state = PyList_GET_ITEM(states, chunk);
+        long long rounds = get_int(state, s_rounds);
+        long long mask = rounds < 0 ? -1 : get_int(state, s_mask);
+        long long arrived = mask < 0 ? -1 : get_int(state, s_arrived);
+        if (arrived < 0) {
+            goto done;
+        }
+        if ((long long)iteration != rounds + 1 || (mask >> rank & 1)) {
+            stopped_at_frame = 1; /* out of turn: the Python path says what is wrong */
+            break;
+        }
+        PyObject *slots = PyObject_GetAttr(state, s_slots);
+        if (slots == NULL) {
+            goto done;
+        }
+        if (!PyList_Check(slots) || PyList_GET_SIZE(slots) != num_workers) {
+            Py_DECREF(slots);
+            PyErr_SetString(PyExc_AssertionError, "drain_pushes: a chunk's slots are not one list entry per worker");
+            goto done;
+        }
+        Py_buffer slot;
+        if (get_floats(PyList_GET_ITEM(slots, rank), (Py_ssize_t)length, &slot) < 0) {
+            Py_DECREF(slots);
+            goto done;
+        }
+        memcpy(slot.buf, h + HEADER_BYTES, length);
+        PyBuffer_Release(&slot);
+        long long before = mask;
+        arrived += 1;
+        if (set_int(state, s_mask, before | 1LL << rank) < 0 || set_int(state, s_arrived, arrived) < 0 ||
+            fold(state, slots, rank, before, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
+            Py_DECREF(slots);
+            goto done;
+        }
+        Py_DECREF(slots);
+        start += HEADER_BYTES + (Py_ssize_t)length;
+    }
+    result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&staging);
+    PyBuffer_Release(&table);
+    return result;
+}
+
+PyDoc_STRVAR(drain_results_doc,
+"drain_results(staging, start, end, job, lane, table, expect)\n--\n\n"
+"The worker's side: copy the complete RESULT frames in staging[start:end] that the client\n"
+"expects on this lane into their destinations (what Client._payload_target + _on_frame do).\n"
+"`table` is the int32 (chunks, 2) array [lane, payload bytes]; `expect` the client's dict\n"
+"chunk id -> (destination bytes, iteration, handle): an entry is removed and its handle's\n"
+"_arrived() called per result. Returns (offset, stopped_at_frame) as drain_pushes does.");
+
+static PyObject *
+fp_drain_results(PyObject *self, PyObject *args)
+{
+    Py_buffer staging, table;
+    Py_ssize_t start, end;
+    unsigned int job;
+    int lane;
+    PyObject *expect;
+    if (!PyArg_ParseTuple(args, "w*nnIiy*O!:drain_results", &staging, &start, &end, &job, &lane, &table,
+                          &PyDict_Type, &expect)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int stopped_at_frame = 0;
+    if (start < 0 || end > staging.len || start > end || table.len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "drain_results: inconsistent arguments");
+        goto done;
+    }
+    const unsigned char *base = (const unsigned char *)staging.buf;
+    const int32_t *rows = (const int32_t *)table.buf;
+    const Py_ssize_t chunks = table.len / 8;
+    while (end - start >= HEADER_BYTES) {
+        const unsigned char *h = base + start;
+        uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
+        if (memcmp(h, "PHUB", 4) != 0 || h[4] != 1 || h[5] != KIND_RESULT || le32(h + 8) != job ||
+            le32(h + 12) != SERVER_SENDER || chunk >= (uint32_t)chunks || rows[2 * chunk] != lane ||
+            (uint32_t)rows[2 * chunk + 1] != length) {
+            stopped_at_frame = 1;
+            break;
+        }
+        if (end - start - HEADER_BYTES < (Py_ssize_t)length) {
+            break;
+        }
+        PyObject *key = PyLong_FromUnsignedLong(chunk);
+        if (key == NULL) {
+            goto done;
+        }
+        PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
+        if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
+            PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1)) != (long long)iteration) {
+            Py_DECREF(key);
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+            stopped_at_frame = 1; /* unexpected: the Python path names it */
+            break;
+        }
+        Py_INCREF(entry);
+        Py_buffer dest;
+        if (get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest) < 0) {
+            Py_DECREF(entry);
+            Py_DECREF(key);
+            goto done;
+        }
+        memcpy(dest.buf, h + HEADER_BYTES, length);
+        PyBuffer_Release(&dest);
+        int status = PyDict_DelItem(expect, key);
+        Py_DECREF(key);
+        PyObject *called = status < 0 ? NULL : PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(entry, 2), s_arrived_method);
+        Py_DECREF(entry);
+        if (called == NULL) {
+            goto done;
+        }
+        Py_DECREF(called);
+        start += HEADER_BYTES + (Py_ssize_t)length;
+    }
+    result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&staging);
+    PyBuffer_Release(&table);
+    return result;
+}
+
+static PyMethodDef fp_methods[] = {
+    {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
+    {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fp_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "phub._fastpath",
+    .m_doc = "The server's push receive loop in C (see phub/staging.py).",
+    .m_size = -1,
+    .m_methods = fp_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    s_rounds = PyUnicode_InternFromString("rounds");
+    s_arrived = PyUnicode_InternFromString("arrived");
+    s_mask = PyUnicode_InternFromString("mask");
+    s_slots = PyUnicode_InternFromString("slots");
+    s_acc = PyUnicode_InternFromString("acc");
+    s_arrived_method = PyUnicode_InternFromString("_arrived");
+    if (!s_rounds || !s_arrived || !s_mask || !s_slots || !s_acc || !s_arrived_method) {
+        return NULL;
+    }
+    return PyModule_Create(&fp_module);
+}

@@ -1,0 +1,204 @@
+"""The C receive loops (phub/_fastpath.c) and the staged links that feed them.
+
+drain_pushes must leave a job's state exactly as the Python path (push_target + on_push) does,
+bit for bit, and hand every frame it does not take in full back untouched; drain_results the same
+for a worker's RESULTs. StagedLink must deliver every frame, however the bytes are cut.
+"""
+import selectors
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from phub import wire
+from phub.aggregation import JobState
+from phub.chunking import Topology
+from phub.kernels import get_backend
+from phub.optim import NAG
+from phub.transport import StagedLink
+from test_transport import tcp_pair
+
+fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")
+
+CHUNK_BYTES = 4096
+SIZES = (5000, 20000, 300)  # elements: several chunks, and short last chunks
+
+
+def ready_state(workers: int, core: int = 0) -> JobState:
+    state = JobState(0, workers, Topology(interfaces=2, cores=2), CHUNK_BYTES, core, get_backend("fast"))
+    arrays = [[f"a{i}", n] for i, n in enumerate(SIZES)]
+    for lane in sorted(state.lanes):
+        for rank in range(workers):
+            state.register(rank, lane, 0, arrays)
+    for cid, chunk_state in state.owned.items():
+        header = wire.Header(wire.Kind.INIT, 0, 0, cid, 0, chunk_state.chunk.nbytes)
+        state.init_target(0, header, chunk_state.chunk.lane)[:] = np.full(chunk_state.chunk.size, 0.5, np.float32).tobytes()
+        state.on_init(header, chunk_state.chunk.lane)
+    for lane in state.lanes:
+        state.set_optimizer(lane, NAG(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / workers))
+    return state
+
+
+def gradient(cid: int, size: int, rank: int, iteration: int) -> np.ndarray:
+    rng = np.random.default_rng(cid * 1000 + rank * 10 + iteration)
+    return rng.standard_normal(size).astype(np.float32)
+
+
+def push_frame(cid: int, grad: np.ndarray, rank: int, iteration: int, kind=wire.Kind.PUSH, job=0) -> bytes:
+    return wire.pack_header(kind, job, rank, cid, iteration, grad.nbytes) + grad.tobytes()
+
+
+def drain(state: JobState, staging: bytearray, lane: int, rank: int, start: int = 0, end=None, job=0):
+    completed = []
+    offset, at_frame = fastpath.drain_pushes(staging, start, len(staging) if end is None else end, job, rank,
+                                             lane, rank, state.num_workers, state.fast_table, state.fast_states,
+                                             completed)
+    return offset, at_frame, completed
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+def test_drain_pushes_leaves_the_state_the_python_path_leaves(workers):
+    python, fast = ready_state(workers), ready_state(workers)
+    for iteration in (1, 2, 3):
+        for rank in range(workers):
+            for lane in sorted(fast.lanes):
+                chunks = [s for s in python.owned.values() if s.chunk.lane == lane]
+                frames = bytearray()
+                for s in chunks:
+                    grad = gradient(s.chunk.id, s.chunk.size, rank, iteration)
+                    header = wire.Header(wire.Kind.PUSH, 0, rank, s.chunk.id, iteration, grad.nbytes)
+                    python.push_target(rank, header, lane)[:] = grad.tobytes()
+                    python.on_push(rank, header)
+                    frames += push_frame(s.chunk.id, grad, rank, iteration)
+                offset, at_frame, completed = drain(fast, frames, lane, rank)
+                assert (offset, at_frame) == (len(frames), False)
+                assert len(completed) == (len(chunks) if rank == workers - 1 else 0)
+                for chunk_state, acc, last in completed:
+                    fast._local_round_done(chunk_state, acc, last)
+    for cid, s in python.owned.items():
+        f = fast.owned[cid]
+        assert (f.rounds, f.arrived, f.mask) == (s.rounds, s.arrived, s.mask) == (3, 0, 0)
+        assert f.weight.tobytes() == s.weight.tobytes() and f.mom.tobytes() == s.mom.tobytes()
+
+
+def first_chunk(state: JobState):
+    lane = min(state.lanes)
+    return lane, next(s for s in state.owned.values() if s.chunk.lane == lane)
+
+
+def other_core_chunk(state: JobState) -> int:
+    return next(cid for cid in range(len(state.fast_states)) if state.fast_states[cid] is None)
+
+
+BAD_PUSHES = {
+    "another kind": lambda s, cid, g: push_frame(cid, g, 0, 1, kind=wire.Kind.INIT),
+    "another job": lambda s, cid, g: push_frame(cid, g, 0, 1, job=7),
+    "another sender": lambda s, cid, g: push_frame(cid, g, 1, 1),
+    "a chunk of another core": lambda s, cid, g: push_frame(other_core_chunk(s), g, 0, 1),
+    "a chunk outside the plan": lambda s, cid, g: push_frame(10**6, g, 0, 1),
+    "a wrong length": lambda s, cid, g: push_frame(cid, g[:-1], 0, 1),
+    "a future iteration": lambda s, cid, g: push_frame(cid, g, 0, 2),
+    "a past iteration": lambda s, cid, g: push_frame(cid, g, 0, 0),
+    "bad magic": lambda s, cid, g: b"XHUB" + push_frame(cid, g, 0, 1)[4:],
+}
+
+
+@pytest.mark.parametrize("make", BAD_PUSHES.values(), ids=BAD_PUSHES.keys())
+def test_drain_pushes_hands_back_what_it_does_not_take(make):
+    state = ready_state(2)
+    lane, s = first_chunk(state)
+    good = push_frame(s.chunk.id, gradient(s.chunk.id, s.chunk.size, 0, 1), 0, 1)
+    frames = bytearray(good + make(state, s.chunk.id, gradient(s.chunk.id, s.chunk.size, 0, 1)))
+    offset, at_frame, completed = drain(state, frames, lane, 0)
+    assert (offset, at_frame, completed) == (len(good), True, [])
+    assert (s.arrived, s.mask) == (1, 0b01)  # the good push only
+
+
+def test_drain_pushes_hands_back_a_second_push_of_a_round_and_a_chunk_not_yet_ready():
+    state = ready_state(2)
+    lane, s = first_chunk(state)
+    grad = gradient(s.chunk.id, s.chunk.size, 0, 1)
+    frames = bytearray(push_frame(s.chunk.id, grad, 0, 1) * 2)
+    assert drain(state, frames, lane, 0)[:2] == (len(frames) // 2, True)
+    state.fast_table[s.chunk.id, 2] = 0  # as before its READY
+    assert drain(state, bytearray(push_frame(s.chunk.id, grad, 1, 1)), lane, 1)[:2] == (0, True)
+
+
+def test_drain_pushes_waits_for_the_rest_of_a_frame():
+    state = ready_state(2)
+    lane, s = first_chunk(state)
+    frame = push_frame(s.chunk.id, gradient(s.chunk.id, s.chunk.size, 0, 1), 0, 1)
+    for cut in (0, 10, wire.HEADER_BYTES, len(frame) - 1):
+        assert drain(state, bytearray(frame), lane, 0, end=cut)[:2] == (0, False)
+        assert s.arrived == 0
+    assert drain(state, bytearray(b"\0" * 8 + frame), lane, 0, start=8)[:2] == (8 + len(frame), False)
+
+
+class Counter:
+    def __init__(self, n):
+        self.left = n
+
+    def _arrived(self):
+        self.left -= 1
+
+
+def test_drain_results_copies_expected_results_and_hands_back_the_rest():
+    table = np.array([[0, 16], [1, 16], [0, 8]], dtype=np.int32)
+    out = np.zeros(10, np.float32)
+    view = memoryview(out).cast("B")
+    handle = Counter(2)
+    expect = {0: (view[0:16], 4, handle), 2: (view[16:24], 4, handle), 1: (view[24:40], 4, handle)}
+
+    def result(cid, values, iteration=4):
+        data = np.asarray(values, np.float32).tobytes()
+        return wire.pack_header(wire.Kind.RESULT, 0, wire.SERVER_SENDER, cid, iteration, len(data)) + data
+
+    good = result(0, [1, 2, 3, 4]) + result(2, [5, 6])
+    for bad in (result(1, [7, 8, 9, 10]),  # lane 1's chunk on lane 0's connection
+                result(0, [1, 2, 3, 4]),  # no longer expected
+                result(2, [5, 6], iteration=5)):
+        out[:] = 0
+        expect.update({0: (view[0:16], 4, handle), 2: (view[16:24], 4, handle)})
+        handle.left = 2
+        staging = bytearray(good + bad)
+        assert fastpath.drain_results(staging, 0, len(staging), 0, 0, table, expect) == (len(good), True)
+        assert out[:6].tolist() == [1, 2, 3, 4, 5, 6] and handle.left == 0 and set(expect) == {1}
+
+
+@pytest.mark.parametrize("pieces", [7, 4096, 100_000], ids=lambda n: f"{n}-byte pieces")
+def test_a_staged_link_delivers_every_frame_however_the_bytes_are_cut(pieces):
+    """Control frames, pushes the C loop takes, and a control frame larger than the staging buffer."""
+    state = ready_state(2)
+    lane, s = first_chunk(state)
+    frames = [wire.control_frame(wire.Kind.HELLO, 0, 0, {"n": 1}),
+              push_frame(s.chunk.id, gradient(s.chunk.id, s.chunk.size, 0, 1), 0, 1),
+              wire.control_frame(wire.Kind.REGISTER, 0, 0, {"pad": "x" * 300_000}),
+              wire.control_frame(wire.Kind.BYE, 0, 0, {})]
+    stream = b"".join(frames)
+    selector, got, taken = selectors.DefaultSelector(), [], []
+
+    def fast(link, staging, start, end):
+        offset, at_frame, completed = drain(state, staging, lane, 0, start, end)
+        taken.append(offset - start)
+        return offset, at_frame
+
+    def no_data(header):
+        raise AssertionError(f"the {header.kind.name} frame should have been taken by the C loop")
+
+    a, b = tcp_pair()
+    link = StagedLink(b, selector, no_data, lambda _, frame: got.append(frame), None, fast, 2 * (CHUNK_BYTES + 32))
+    sender = threading.Thread(target=lambda: [a.sendall(stream[i:i + pieces]) for i in range(0, len(stream), pieces)])
+    try:
+        sender.start()
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:
+            if selector.select(timeout=1.0):
+                link.on_readable()
+        assert [f.header.kind for f in got] == [wire.Kind.HELLO, wire.Kind.REGISTER, wire.Kind.BYE]
+        assert len(got[1].payload) == len(frames[2]) - wire.HEADER_BYTES
+        assert sum(taken) == len(frames[1]) and (s.arrived, s.mask) == (1, 0b01)
+    finally:
+        sender.join(30)
+        link.close()
+        a.close()
