@@ -2,9 +2,9 @@
  * phub._fastpath: the server's per-chunk receive loop for pushes, in C.
  *
  * A server core reads a worker's connection in large reads into a staging buffer (see
- * phub/staging.py). `drain_pushes` walks the frames in it and, for every well-formed PUSH that
- * belongs on this connection now, does what JobState.push_target + JobState.on_push do in
- * Python: copy the payload into the worker's slot, fold it into the chunk's merge buffer, and
+ * StagedLink in phub/transport.py). `drain_pushes` walks the frames in it and, for every
+ * well-formed PUSH that belongs on this connection now, does what JobState.push_target and
+ * JobState.on_push do in Python: copy the payload into the worker's slot, fold it into the chunk's merge buffer, and
  * when the round is complete hand (state, acc, last) back for the optimizer and the results. It
  * stops at the first frame it does not handle in full (any other kind, a wrong field, a push
  * out of turn, or bytes still missing) and leaves that frame to the Python path, which raises
@@ -334,7 +334,7 @@ static PyMethodDef fp_methods[] = {
 static struct PyModuleDef fp_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "phub._fastpath",
-    .m_doc = "The server's push receive loop in C (see phub/staging.py).",
+    .m_doc = "The per-chunk receive loops in C (see phub/transport.py, StagedLink).",
     .m_size = -1,
     .m_methods = fp_methods,
 };

@@ -31,14 +31,12 @@ from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, StagedLink, connect as tcp_connect, parse_addresses, recv_control
+from .transport import Link, StagedLink, connect as tcp_connect, parse_addresses, recv_control, staging_capacity
 
 try:
     from ._fastpath import drain_results
 except ImportError:  # not built: every frame takes the Python path
     drain_results = None
-
-STAGING_BYTES = 256 * 1024  # a lane's read size (see transport.StagedLink)
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -158,10 +156,10 @@ class Client(ClientLoop):
         target = lambda h, lane=lane: self._payload_target(h, lane)  # noqa: E731
         if drain_results is None or self._verbs:
             return Link(sock, self._selector, target, self._on_frame, self._outbox)
-        capacity = max(STAGING_BYTES, 2 * (self.plan.chunk_bytes + wire.HEADER_BYTES))
         fast = lambda link, staging, start, end, lane=lane: drain_results(  # noqa: E731
             staging, start, end, self.job_id, lane, self._chunk_table, self._expect)
-        return StagedLink(sock, self._selector, target, self._on_frame, self._outbox, fast, capacity)
+        return StagedLink(sock, self._selector, target, self._on_frame, self._outbox, fast,
+                          staging_capacity(self.plan.chunk_bytes))
 
     # -- public API -------------------------------------------------------------------------
     def init(self, keys, values) -> None:

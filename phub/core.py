@@ -27,7 +27,7 @@ from .admission import Admission
 from .racklinks import RackLinks
 from .rdma.serving import CoreVerbs
 from .session import Job, Peer, RefusalLog
-from .transport import Link, LinkClosed, StagedLink, flush_links
+from .transport import Link, LinkClosed, StagedLink, flush_links, staging_capacity
 
 try:
     from ._fastpath import drain_pushes
@@ -35,7 +35,6 @@ except ImportError:  # not built: every frame takes the Python path
     drain_pushes = None
 
 _PUSH = wire.Kind.PUSH
-STAGING_BYTES = 256 * 1024  # a staged link's read size (see transport.StagedLink)
 
 
 def _log(message: str) -> None:
@@ -119,8 +118,8 @@ class Core(Admission, RackLinks):
     def _add_link(self, sock: socket.socket, peer: Peer) -> Link:
         target = lambda header: self._payload_target(peer, header)  # noqa: E731
         if self._fast_pushes_on:
-            capacity = max(STAGING_BYTES, 2 * (self.config.chunk_bytes + wire.HEADER_BYTES))
-            link = StagedLink(sock, self.selector, target, self._on_frame, self.outbox, self._fast_pushes, capacity)
+            link = StagedLink(sock, self.selector, target, self._on_frame, self.outbox, self._fast_pushes,
+                              staging_capacity(self.config.chunk_bytes))
         else:
             link = Link(sock, self.selector, target, self._on_frame, self.outbox)
         self.peers[link] = peer

@@ -167,24 +167,31 @@ class Link:
         self.sock.close()
 
 
-# How a staged link hands the bytes it read to the C push loop: (link, staging, start, end) ->
-# (offset of the first byte not consumed, whether a frame for the Python path starts there).
-FastPushes = Callable[["Link", memoryview, int, int], Tuple[int, bool]]
+# How a staged link hands the bytes it read to a C loop (phub/_fastpath.c): (link, staging, start,
+# end) -> (offset of the first byte not consumed, whether a frame for the Python path starts there).
+FastFrames = Callable[["Link", memoryview, int, int], Tuple[int, bool]]
+STAGING_BYTES = 256 * 1024  # a staged link's read size, unless chunks are larger
+
+
+def staging_capacity(chunk_bytes: int) -> int:
+    """A staged link's buffer: room for two of the largest data frames, so one cut in half fits."""
+    return max(STAGING_BYTES, 2 * (chunk_bytes + wire.HEADER_BYTES))
 
 
 class StagedLink(Link):
-    """A server's connection read in large reads into a staging buffer (`capacity` bytes).
+    """A connection read in large reads into a staging buffer (`capacity` bytes, see
+    `staging_capacity`).
 
-    `fast_pushes` (the C loop of phub/_fastpath.c, through the core) takes the pushes it finds
-    there, many frames per system call; every other frame is fed from the staging buffer to the
-    link's FrameReceiver, so it is checked and handled exactly as on a plain `Link`. A frame
-    larger than what is staged (a big REGISTER) is read straight into the receiver's buffer.
-    `capacity` must hold two of the largest push frames, so one cut in half still fits.
+    `fast_frames` (a C loop of phub/_fastpath.c: a server core's pushes, a worker's results) takes
+    the data frames it finds there, many frames per system call; every other frame is fed from the
+    staging buffer to the link's FrameReceiver, so it is checked and handled exactly as on a plain
+    `Link`. A frame larger than what is staged (a big REGISTER) is read straight into the
+    receiver's buffer.
     """
 
-    def __init__(self, sock, selector, payload_target, on_frame, outbox, fast_pushes: FastPushes, capacity: int):
+    def __init__(self, sock, selector, payload_target, on_frame, outbox, fast_frames: FastFrames, capacity: int):
         super().__init__(sock, selector, payload_target, on_frame, outbox)
-        self._fast_pushes = fast_pushes
+        self._fast_frames = fast_frames
         self._staging = memoryview(bytearray(capacity))
         self._start = self._end = 0  # staging[start:end] holds bytes read but not yet consumed
 
@@ -202,10 +209,10 @@ class StagedLink(Link):
             if self._start < self._end:
                 at_frame = not receiver.idle
                 if not at_frame:
-                    self._start, at_frame = self._fast_pushes(self, staging, self._start, self._end)
+                    self._start, at_frame = self._fast_frames(self, staging, self._start, self._end)
                     if self.closed:
                         return
-                if at_frame:  # feed the Python path: a copy, for the frames that are not pushes
+                if at_frame:  # feed the Python path: a copy, for the frames the C loop does not take
                     buffer = receiver.buffer()
                     n = min(len(buffer), self._end - self._start)
                     buffer[:n] = staging[self._start:self._start + n]
