@@ -19,6 +19,11 @@ clock in every process) and works out:
   a link ran nearly full), else ``wire`` (the emulated testbed, its links and the replayed GPU,
   set the pace, not this machine).
 
+A window's figures interpolate between the samples around its end, so the processes must still
+be alive at a sample after it: a Monitor given a `clock_file` writes its latest sample's time
+there, and a worker whose timed iterations ended waits (`wait_for_sample`, bounded) until that
+time is past its last stamp before it closes its connections and exits.
+
 Sampling and summarizing are apart: `summarize` is a pure function of the samples, tested with
 made-up ones.
 """
@@ -31,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 PERIOD = 0.2  # seconds between samples: fine enough for windows of a few seconds, ~1% of a core
+HOLD_TIMEOUT = 5 * PERIOD  # a worker waits at most this long for a sample past its window
 CPU_BOUND = 0.85  # a CPU figure at or above this: the point measured this machine's CPU
 CPU_MIXED = 0.6  # between this and CPU_BOUND: the cores were busy enough to slow some steps
 LINK_FULL = 0.85  # a link this busy was the bottleneck, whatever the cores did below CPU_BOUND
@@ -130,11 +136,13 @@ def take_sample(root: int, names: Dict[int, str]) -> Sample:
 
 
 class Monitor:
-    """Samples in a background thread from `start()` to `stop()`; `samples` holds them."""
+    """Samples in a background thread from `start()` to `stop()`; `samples` holds them. With
+    `clock_file`, each sample's time is written there (atomically) for `wait_for_sample`."""
 
-    def __init__(self, root: Optional[int] = None, period: float = PERIOD):
+    def __init__(self, root: Optional[int] = None, period: float = PERIOD, clock_file: Optional[str] = None):
         self.root = os.getpid() if root is None else root
         self.period = period
+        self.clock_file = clock_file
         self.samples: List[Sample] = []
         self._names: Dict[int, str] = {}
         self._stop = threading.Event()
@@ -158,12 +166,39 @@ class Monitor:
     def _run(self) -> None:
         while True:
             try:
-                self.samples.append(take_sample(self.root, self._names))
+                self._sample()
             except OSError:  # /proc raced with an exiting process: the next sample will do
                 pass
             if self._stop.wait(self.period):
-                self.samples.append(take_sample(self.root, self._names))
+                self._sample()
                 return
+
+    def _sample(self) -> None:
+        self.samples.append(take_sample(self.root, self._names))
+        if self.clock_file:
+            temporary = f"{self.clock_file}.tmp"
+            with open(temporary, "w") as f:
+                f.write(repr(self.samples[-1].t))
+            os.replace(temporary, self.clock_file)
+
+
+def wait_for_sample(clock_file: Optional[str], after: float, timeout: float = HOLD_TIMEOUT) -> bool:
+    """Block until the Monitor writing `clock_file` has sampled at a time >= `after`
+    (CLOCK_MONOTONIC), or `timeout` seconds passed; True if it has. Returns False at once when
+    there is no such file (no monitor on this machine: nothing to wait for)."""
+    if not clock_file or not os.path.exists(clock_file):
+        return False
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(clock_file) as f:
+                if float(f.read() or "-inf") >= after:
+                    return True
+        except (OSError, ValueError):  # replaced under us: read it again
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(PERIOD / 10)
 
 
 def _at(samples: Sequence[Sample], t: float, value) -> Optional[float]:

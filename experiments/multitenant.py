@@ -89,8 +89,10 @@ def run_tenants(rack, point: dict, log, timeout: float = 300.0) -> List[dict]:
     rows = []
     for repeat in range(point["repeats"]):
         for variant, jobs in (("alone", (1,)), ("shared", (1, 2))):
-            with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out, Monitor() as monitor:
-                results = run_jobs(cluster, jobs, params, out, timeout)
+            with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out:
+                clock = os.path.join(out, "monitor.clock")
+                with Monitor(clock_file=clock) as monitor:
+                    results = run_jobs(cluster, jobs, dict(params, monitor_clock=clock), out, timeout)
             everyone = [r for job in jobs for r in results[job]]
             bound = summarize(monitor.samples, block(everyone, 0, point["iterations"]), os.cpu_count() or 1,
                               rates.get("host"), rates.get("pbox_nic"))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from phub.kernels import get_backend
 from phub.optim import NAG
 
 from .models import Model, compute_schedule
+from .monitor import wait_for_sample
 from .systems import WorkerSystem
 
 VERIFY_TOLERANCE = 1e-5  # max |w - oracle| / max(1, |oracle|); float32 rounding of equivalent formulas
@@ -108,14 +109,16 @@ class _Oracle:
 
 
 def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmup: int, verify: bool,
-        optimize: bool = True) -> dict:
+        optimize: bool = True, monitor_clock: Optional[str] = None) -> dict:
     """Set the system up, run the replayed iterations (see the module docstring), close; return
     this rank's result: {"rank", "seconds" (the `iterations` timed ones), "verified", "max_error",
     and for experiments.monitor "pid", "stamps" (the start of every timed iteration and the end of
     the last, raw monotonic clock) and "checks" (per timed iteration: wall and CPU seconds of the
     oracle check inside it)}.
     Raises SystemExit naming the first key whose weights miss the oracle. `optimize=False` (the
-    breakdown experiment's no_optimizer variant) exchanges gradients with no optimizer at all."""
+    breakdown experiment's no_optimizer variant) exchanges gradients with no optimizer at all.
+    `monitor_clock`: the runner's Monitor clock file; before closing, the worker waits (bounded)
+    for a sample past its last stamp, so the last window's figures have one."""
     sizes = [a.elements for a in model.arrays]
     forward, backward = compute_schedule(model, compute)
     optimizer = bench_optimizer(system.num_workers) if optimize else None
@@ -160,6 +163,7 @@ def run(system: WorkerSystem, model: Model, compute: str, iterations: int, warmu
             system.exchange_all()
     stamps.append(time.perf_counter())
     marks.append(stamps[-1] - paused)
+    wait_for_sample(monitor_clock, stamps[-1])
     for key in range(len(sizes)):  # the final forward: the last exchange's weights
         system.wait(key)
     if oracle:

@@ -145,9 +145,10 @@ def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cl
         params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
                   "iterations": iterations * repeats, "warmup": warmup, "verify": verify,
                   "worker_class": sut.worker_class, "out_dir": out_dir,
-                  "image_size": options.image_size, "batch": options.batch}
+                  "image_size": options.image_size, "batch": options.batch,
+                  "monitor_clock": os.path.join(out_dir, "monitor.clock")}
         env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
-        with Monitor() as monitor:
+        with Monitor(clock_file=params["monitor_clock"]) as monitor:
             sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
         ranks = []
         for rank in range(workers):

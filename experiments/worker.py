@@ -2,7 +2,7 @@
 
 Started by a system's launcher on a worker node. The run's parameters arrive as JSON in
 PHUB_EXCHANGE (model, scale, compute, iterations, warmup, verify, worker_class, out_dir; image_size
-and batch for real compute); the system reads its own environment (phub's PHUB_*, ps-lite's DMLC_*,
+and batch for real compute; monitor_clock, the runner's experiments.monitor clock file); the system reads its own environment (phub's PHUB_*, ps-lite's DMLC_*,
 gloo's GLOO_*). With compute zero or replay the worker runs the replay (experiments.replay), with
 real it trains the network (experiments.realcompute). The rank's result is written atomically to
 OUT_DIR/rankR.json; a failure exits non-zero with the reason on stderr.
@@ -32,7 +32,7 @@ def main() -> int:
     else:
         model = scaled(load_model(params["model"]), params.get("scale"))
         result = run(system, model, params["compute"], params["iterations"], params["warmup"], params["verify"],
-                     optimize=params.get("variant") != "no_optimizer")
+                     optimize=params.get("variant") != "no_optimizer", monitor_clock=params.get("monitor_clock"))
     write_json(os.path.join(params["out_dir"], f"rank{result['rank']}.json"), result)
     return 0
 

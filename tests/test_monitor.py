@@ -77,3 +77,27 @@ def test_the_monitor_sees_its_own_children_burn_cpu():
     used = max(cpu for s in monitor.samples for pid, (cpu, name) in s.procs.items())
     assert used >= 0.3 and len(monitor.samples) >= 5
     assert all(s.busy >= 0 for s in monitor.samples) and os.getpid() not in monitor.samples[-1].procs
+
+
+def test_a_worker_can_wait_for_a_sample_that_sees_it_alive_past_its_window(tmp_path):
+    """The last block's figures need a sample after its end with the worker still alive."""
+    import subprocess
+    import sys
+
+    clock = str(tmp_path / "monitor.clock")
+    code = ("import sys, time\nfrom experiments.monitor import wait_for_sample\n"
+            "end = time.monotonic()\nprint(wait_for_sample(sys.argv[1], end), repr(end))")
+    with Monitor(period=0.05, clock_file=clock) as monitor:
+        child = subprocess.Popen([sys.executable, "-c", code, clock], stdout=subprocess.PIPE, text=True,
+                                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out, _ = child.communicate(timeout=30)
+    waited, end = out.split()
+    assert waited == "True"
+    assert any(s.t >= float(end) and child.pid in s.procs for s in monitor.samples)
+
+
+def test_without_a_monitor_there_is_nothing_to_wait_for(tmp_path):
+    from experiments.monitor import wait_for_sample
+
+    assert wait_for_sample(str(tmp_path / "absent.clock"), 0.0, timeout=60) is False
+    assert wait_for_sample(None, 0.0) is False
