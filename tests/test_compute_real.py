@@ -59,14 +59,7 @@ def reference_losses():
     return losses
 
 
-# phub's third loss differs from the reference by ~0.5% on some machines (deterministically; with
-# and without the C receive loops; gloo and ps-lite match to 1e-4): under investigation, the
-# exchange oracle tests (NAG with momentum, many rounds) still pass exactly.
-PHUB_LOSS_GAP = pytest.mark.xfail(reason="phub's loss after the second update differs from the reference by "
-                                         "~0.5% on some machines; under investigation", strict=False)
-
-
-@pytest.mark.parametrize("system", [pytest.param("phub", marks=PHUB_LOSS_GAP), "gloo-ring", "pslite-central"])
+@pytest.mark.parametrize("system", ["phub", "gloo-ring", "pslite-central"])
 def test_resnet18_trains_through_system(system, zoo_parameters, reference_losses):
     row = run_exchange(system, "resnet18", WORKERS, ITERATIONS, WARMUP, verify=True, options=OPTIONS, quiet=True)
     assert row["verified"] is True and row["verify_kind"] == "workers_agree"
@@ -80,12 +73,21 @@ def test_resnet18_trains_through_system(system, zoo_parameters, reference_losses
     losses = row["loss_per_iteration"]
     assert len(losses) == FORWARDS and all(np.isfinite(losses))
     assert all(b < a for a, b in zip(losses, losses[1:])), f"the loss did not fall at every step: {losses}"
-    # The first updates must match the reference closely: a gradient under the wrong key, a missed
-    # write-back or a wrong rescale would change the loss at once. Later, as the loss on the fixed
-    # batch nears zero, float32 rounding (in a different order on each system), amplified by the
-    # momentum, moves it by a few percent.
-    np.testing.assert_allclose(losses[:3], reference_losses[:3], rtol=1e-4)
-    np.testing.assert_allclose(losses, reference_losses, rtol=0.1)
+    # The loss before and after the first update must match the reference closely: a gradient
+    # under the wrong key, a missed write-back or a wrong rescale changes it at once. From the
+    # second update on, float32 rounding (each system sums and updates in its own order) can flip
+    # a ReLU: at this size stage 4's feature maps are 1x1 and its BatchNorm normalizes over 4
+    # values, so some pre-activations sit within 1e-5 of zero. Measured: phub's weights after the
+    # first update are as close to the float64 ones as gloo's (0.27 ulp on average for both), yet
+    # one stage-4 pre-activation of rank 0 is -1.1e-7 with phub's and +5.7e-6 with gloo's; that
+    # single flip moves rank 0's second gradient by up to 22% in one key and the third loss by
+    # 0.45%; momentum carries the difference on, to 0.12 against 0.07 at the last loss. So the
+    # later losses are held to the reference within 3% of the initial loss (0.2): without momentum
+    # the third loss would be 4.1, with the second update skipped 5.5, against the reference's
+    # 3.05. The server's NAG over many rounds is checked exactly, against closed forms, in the
+    # exchange tests.
+    np.testing.assert_allclose(losses[:2], reference_losses[:2], rtol=1e-4)
+    np.testing.assert_allclose(losses, reference_losses, rtol=0, atol=0.03 * reference_losses[0])
 
 
 def test_workers_disagreeing_fail_verification(tmp_path):
