@@ -2,13 +2,14 @@
 """phub on an emulated rack against the wire bound and against gloo-ring (needs root).
 
     python benchmarks/rack_exchange.py [--spec config/racks/rack8.yaml] [--model resnet50]
-        [--iterations 10] [--warmup 2] [--repeats 3]
+        [--iterations 10] [--warmup 2] [--repeats 3] [--chunk-bytes N]
 
 The default spec is one rack of 8 workers and a PBox with 8 NICs, every link at the same rate
 (the paper's 10 Gbps divided by s_n = 200: 50 Mbit/s), compute removed. The wire bound of one exchange is the
 (scaled) model's bytes over one link's rate: each worker must push its gradient and receive the
 new weights over its own link, both at once on a full-duplex link, and the PBox's 8 NICs carry
-exactly the 8 workers' bytes. phub and gloo-ring run alternately, each on a fresh rack, so a
+exactly the 8 workers' bytes. Chunks are by default the paper's 32 KB divided by the spec's model
+scale, so a worker's model travels in the paper's number of chunks (ResNet-50: 3,219). phub and gloo-ring run alternately, each on a fresh rack, so a
 drifting machine hurts both alike; figures are medians over repeats of each run's median.
 The last line of stdout is one JSON object with `wire_bound_ratio` (phub time / wire bound)
 and `gloo_over_phub` (gloo-ring time / phub time).
@@ -23,10 +24,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+from experiments.models import load_model, scaled  # noqa: E402
 from experiments.runner import Options, run_exchange  # noqa: E402
 from phub.cluster.rackspec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+PAPER_CHUNK_BYTES = 32768  # the paper's key chunk (32 KB, 8,192 float32)
+
+
+def paper_equivalent_chunk(model_scale: float) -> int:
+    """The chunk size that cuts a model divided by `model_scale` into the paper's chunk count."""
+    return max(4, int(PAPER_CHUNK_BYTES / model_scale) // 4 * 4)
 
 
 def main() -> int:
@@ -38,15 +46,19 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     # one core: with 8 workers on a 2-core machine a second server process only adds contention
     parser.add_argument("--cores", type=int, default=1, help="phub server cores (default 1)")
+    parser.add_argument("--chunk-bytes", type=int, default=None,
+                        help="phub's chunk size (default: 32 KB / the spec's model scale, the paper's chunk count)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
+    chunk_bytes = args.chunk_bytes or paper_equivalent_chunk(spec.scale_model)
+    chunks = sum(-(-a.elements // (chunk_bytes // 4)) for a in scaled(load_model(args.model), {"model": spec.scale_model, "time": 1}).arrays)
     workers = spec.num_workers
     started = time.perf_counter()
     rows = {"phub": [], "gloo-ring": []}
     for repeat in range(args.repeats):
         for system in rows:
             options = Options(compute="zero", network="emulated", spec=args.spec, cores=args.cores,
-                              interfaces=spec.pbox_interfaces)
+                              interfaces=spec.pbox_interfaces, chunk_bytes=chunk_bytes)
             row = run_exchange(system, args.model, workers, args.iterations, args.warmup, options=options, quiet=True)
             rows[system].append(row)
             print(f"repeat {repeat}: {system:10s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per exchange",
@@ -58,12 +70,14 @@ def main() -> int:
     wire_bound = model_bytes * 8 / (host_mbit * 1e6)
     measured = rows["phub"][0]["cluster"].get("measured_mbit", {})
     print(f"\n{args.model} scaled by {spec.scale_model:g}: {model_bytes / 1e6:.2f} MB per worker, {workers} workers, "
-          f"{spec.pbox_interfaces} PBox NICs, links at {host_mbit:.0f} Mbit/s")
+          f"{spec.pbox_interfaces} PBox NICs, links at {host_mbit:.0f} Mbit/s, {chunk_bytes} B chunks "
+          f"({chunks} per worker)")
     print(f"wire bound {wire_bound * 1e3:.1f} ms; phub {phub * 1e3:.1f} ms ({phub / wire_bound:.2f} x bound); "
           f"gloo-ring {gloo * 1e3:.1f} ms ({gloo / phub:.2f} x phub)")
     summary = {"benchmark": "rack_exchange", "spec": os.path.relpath(args.spec, ROOT), "model": args.model, "workers": workers,
                "pbox_interfaces": spec.pbox_interfaces, "link_mbit": host_mbit, "measured_mbit": measured,
-               "bytes_per_worker": model_bytes, "wire_bound_s": wire_bound, "phub_s": phub, "gloo_ring_s": gloo,
+               "bytes_per_worker": model_bytes, "chunk_bytes": chunk_bytes,
+               "chunks_per_worker": chunks, "wire_bound_s": wire_bound, "phub_s": phub, "gloo_ring_s": gloo,
                "wire_bound_ratio": phub / wire_bound, "gloo_over_phub": gloo / phub,
                "repeats": args.repeats, "iterations": args.iterations, "host": platform.node(),
                "wall_seconds": round(time.perf_counter() - started, 1)}
