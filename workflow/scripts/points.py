@@ -10,9 +10,11 @@ How the paper's testbed is scaled down (config `rack:`), the same for every poin
   this slow keep every point's cores mostly idle (measured: README, "What bounded the points");
 * model bytes are divided by s_m = s_n / `time_stretch`, so a run takes `time_stretch` times the
   paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
-* chunks are `chunk_bytes` (the paper-equivalent chunk, `chunk_bytes_paper`, is that x s_m):
-  the paper's 32 KB would be 32 KB / s_m here, and that many chunks would cost more CPU per
-  second than two cores have (measured in the README). The chunk sweep sets its own s_m.
+* chunks are `chunk_bytes_paper` / s_m (a multiple of 4 bytes), so a model travels in the number
+  of chunks the paper's model would at that paper-equivalent size: 64 KB by default, twice the
+  paper's 32 KB, half its chunk count (measured in the README: the paper's own count costs this
+  machine's cores 10-20% of an iteration at 8 workers). A fixed `chunk_bytes` overrides it. The
+  chunk sweep sets its own s_m and sizes.
 
 Points that share a rack spec form a *shape*: the runner brings one rack up per shape and runs
 all its points in it. Points with the same measurement (the same system, model, rack, options)
@@ -27,7 +29,7 @@ from typing import Dict, Iterator, List
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
 DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
-DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes
+DEFAULT_CHUNK_BYTES_PAPER = 65536  # config: rack.chunk_bytes_paper (or a fixed rack.chunk_bytes)
 PAPER_CHUNK_BYTES = 32768
 # What makes two points the same measurement (everything but where it is filed).
 MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
@@ -47,9 +49,15 @@ def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
             "link_gbps": gbps, "oversubscription": float(oversubscription)}
     passed = {k: v for k, v in config.get("rack", {}).items()
-              if k not in ("max_link_mbit", "time_stretch", "chunk_bytes")}  # preflight, port, queueing
+              if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper")}  # preflight, port, queueing
     rack.update(passed, scale=_scale(config, gbps, model_scale))
     return rack
+
+
+def scaled_chunk(paper_bytes: float, s_m: float) -> int:
+    """The real chunk that a paper-equivalent chunk of `paper_bytes` becomes when models are
+    divided by s_m: whole float32 elements, at least one, rounded down (never fewer chunks)."""
+    return max(4, int(paper_bytes / s_m / 4) * 4)
 
 
 def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict:
@@ -58,14 +66,17 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
              "repeats": exp.get("repeats", config["repeats"]), "iterations": exp.get("iterations", config["iterations"]),
              "warmup": exp.get("warmup", config["warmup"]), "compute": "replay",
              "network": config["network"], "racks": 1, "interfaces": 1, "cores": config.get("server_cores", 1),
-             "chunk_bytes": config.get("rack", {}).get("chunk_bytes", DEFAULT_CHUNK_BYTES) if emulated
-             else PAPER_CHUNK_BYTES, "oversubscription": 1, "setting": "", "variant": ""}
+             "chunk_bytes": PAPER_CHUNK_BYTES, "oversubscription": 1, "setting": "", "variant": ""}
     if config["network"] == "hostfile":
         point["hostfile"] = config["hostfile"]
     point.update(fields)
     if not emulated:
         point.pop("rack", None)  # loopback and real machines: unshaped, unscaled
     s_m = point.get("rack", {}).get("scale", {}).get("model", 1)
+    if emulated and "chunk_bytes" not in fields:
+        settings = config.get("rack", {})
+        point["chunk_bytes"] = settings.get("chunk_bytes") or scaled_chunk(
+            settings.get("chunk_bytes_paper", DEFAULT_CHUNK_BYTES_PAPER), s_m)
     point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
     measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
     measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
@@ -142,9 +153,8 @@ def _chunk_sweep(config: dict, exp: dict) -> Iterator[dict]:
     `model_scale`), so each point moves as many chunks per model as the paper's would."""
     s_m = exp["model_scale"]
     for kb in exp["chunk_kb"]:
-        real = max(4, int(round(kb * 1024 / s_m / 4)) * 4)  # float32 elements
         yield _point(config, exp, "chunk_sweep", f"c{kb:g}k", system="phub", model=exp["model"],
-                     workers=exp["workers"], chunk_bytes=real, interfaces=exp["interfaces"],
+                     workers=exp["workers"], chunk_bytes=scaled_chunk(kb * 1024, s_m), interfaces=exp["interfaces"],
                      rack=_rack(config, 1, exp["workers"], exp["interfaces"], exp["link_gbps"], model_scale=s_m))
 
 
