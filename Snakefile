@@ -6,6 +6,7 @@ from snakemake.utils import min_version, validate
 
 min_version("8.0")
 
+
 configfile: "config/config.yaml"
 
 
@@ -22,5 +23,5 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        RESULTS + "/report.md",
-        expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
+        results("report.md"),
+        expand(results("figures/{figure}.png"), figure=FIGURES),

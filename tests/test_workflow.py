@@ -154,3 +154,14 @@ def test_network_hostfile_needs_a_hostfile_and_passes_it_to_every_point():
     assert "rack" not in phub_point  # real machines: nothing is shaped or scaled
     gloo = run_shape.options_for(next(p for p in grid if p["system"] == "gloo-ring"))
     assert (gloo.network, gloo.spec) == ("hostfile", "hosts.yaml")
+
+
+def test_the_workflow_passes_snakemakes_lint_and_snakefmt():
+    """Snakemake's own conventions: params for non-file values, a log and a conda environment on
+    every rule, no paths composed with +; and snakefmt's formatting."""
+    lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-3000:]
+    fmt = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "."], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert fmt.returncode == 0, fmt.stdout[-3000:] + fmt.stderr[-3000:]

@@ -3,10 +3,14 @@
 
 rule build:
     input:
-        RESULTS + "/provision/doctor.json",
+        results("provision/doctor.json"),
     output:
-        RESULTS + "/build/selftest.json",
+        results("build/selftest.json"),
     log:
-        RESULTS + "/logs/build.log",
+        results("logs/build.log"),
+    conda:
+        ENV
+    params:
+        python=PYTHON,
     shell:
-        "{PYTHON} -m phub selftest > {output}.tmp 2> {log} && mv {output}.tmp {output}"
+        "{params.python} -m phub selftest > {output}.tmp 2> {log} && mv {output}.tmp {output}"

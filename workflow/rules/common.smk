@@ -4,27 +4,53 @@ import json
 import sys
 from pathlib import Path
 
+from snakemake.settings.types import DeploymentMethod
+
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 import points as grid  # noqa: E402
 
 RESULTS = config.get("results_dir", "results")
+ENV = "../../environment.yml"  # every rule's conda environment (--sdm conda on a cluster), from this folder
 POINTS = grid.by_key(config)
 SHAPES = grid.shapes(config)
-PYTHON = sys.executable
+# Rules run Snakemake's own interpreter (the prepared venv), or with `--sdm conda` the `python`
+# of the rule's conda environment (environment.yml).
+_CONDA = DeploymentMethod.CONDA in (
+    workflow.deployment_settings.deployment_method or ()
+)
+PYTHON = "python" if _CONDA else sys.executable
 # One per paper figure (analysis/figures.py), plus the convergence check of the integrations.
-FIGURES = ["speedup_end_to_end", "pbox_capacity", "scaling", "cross_rack", "oversubscription", "breakdown",
-           "chunk_sweep", "bandwidth_per_ps", "convergence"]
+FIGURES = [
+    "speedup_end_to_end",
+    "pbox_capacity",
+    "scaling",
+    "cross_rack",
+    "oversubscription",
+    "breakdown",
+    "chunk_sweep",
+    "bandwidth_per_ps",
+    "convergence",
+]
+
+
+def results(path):
+    """`path` inside the run's results folder (config `results_dir`)."""
+    return f"{RESULTS}/{path}"
 
 
 def point_outputs():
-    return [f"{RESULTS}/points/{key}.csv" for key in POINTS]
+    return [results(f"points/{key}.csv") for key in POINTS]
 
 
 def shape_outputs():
-    return [f"{RESULTS}/shapes/{shape}.done" for shape in SHAPES]
+    return [results(f"shapes/{shape}.done") for shape in SHAPES]
 
 
-def all_results():
-    """What the figures and the report wait for (the analysis loads the whole points folder):
-    every shape done, and the convergence curves."""
-    return shape_outputs() + [RESULTS + "/points/convergence/curves.csv"]
+# What the figures and the report wait for (the analysis loads the whole points folder): every
+# shape done, and the convergence curves, whose folder's parent is the points folder.
+CURVES = "points/convergence/curves.csv"
+
+
+def points_folder(input):
+    """The points folder of a rule with a `curves` input."""
+    return str(Path(input.curves).parent.parent)

@@ -2,6 +2,7 @@
 # CSV is written atomically by run_shape.py as soon as it is measured, so a rerun skips finished
 # points, also inside a shape that was interrupted.
 
+
 # Two JSON writes: not worth a cluster job each (no effect on a local run).
 localrules:
     point_list,
@@ -10,47 +11,67 @@ localrules:
 
 rule point_list:
     output:
-        RESULTS + "/points/all.json",
-    run:
-        Path(output[0]).parent.mkdir(parents=True, exist_ok=True)
-        Path(output[0]).write_text(json.dumps(point_outputs()))
+        results("points/all.json"),
+    log:
+        results("logs/point_list.log"),
+    conda:
+        ENV
+    params:
+        value=point_outputs(),
+    script:
+        "../scripts/write_json.py"
 
 
 rule shape_spec:
     output:
-        RESULTS + "/shapes/{shape}.json",
-    run:
-        Path(output[0]).write_text(json.dumps(SHAPES[wildcards.shape]))
+        results("shapes/{shape}.json"),
+    log:
+        results("logs/shapes/{shape}.spec.log"),
+    conda:
+        ENV
+    params:
+        value=lambda wildcards: SHAPES[wildcards.shape],
+    script:
+        "../scripts/write_json.py"
 
 
 rule run_shape:
     input:
-        selftest=RESULTS + "/build/selftest.json",
-        shape=RESULTS + "/shapes/{shape}.json",
-        progress=RESULTS + "/points/all.json",
+        selftest=results("build/selftest.json"),
+        shape=results("shapes/{shape}.json"),
+        progress=results("points/all.json"),
     output:
-        RESULTS + "/shapes/{shape}.done",
+        results("shapes/{shape}.done"),
     log:
-        RESULTS + "/logs/shapes/{shape}.log",
+        results("logs/shapes/{shape}.log"),
+    # A busy machine can make a rack's preflight miss its rates; one more try, then give up.
+    retries: 1
+    conda:
+        ENV
     resources:
         # Points share the machine's cores and the emulated links: one at a time locally.
         bench=1,
-    # A busy machine can make a rack's preflight miss its rates; one more try, then give up.
-    retries: 1
+    params:
+        python=PYTHON,
+        points=lambda wildcards, input: str(Path(input.progress).parent),
     shell:
-        "{PYTHON} workflow/scripts/run_shape.py --shape {input.shape} --results {RESULTS}/points "
+        "{params.python} workflow/scripts/run_shape.py --shape {input.shape} --results {params.points} "
         "--done {output} --progress {input.progress} 2>&1 | tee {log}; test ${{PIPESTATUS[0]}} -eq 0"
 
 
 rule convergence:
     # Real training (scikit-learn's digits, MXNet and PyTorch) through PHub vs one process.
     input:
-        RESULTS + "/build/selftest.json",
+        results("build/selftest.json"),
     output:
-        RESULTS + "/points/convergence/curves.csv",
+        results(CURVES),
     log:
-        RESULTS + "/logs/convergence.log",
+        results("logs/convergence.log"),
+    conda:
+        ENV
     resources:
         bench=1,
+    params:
+        python=PYTHON,
     shell:
-        "{PYTHON} -m phub.integrations.convergence --out {output} 2> {log}"
+        "{params.python} -m phub.integrations.convergence --out {output} 2> {log}"

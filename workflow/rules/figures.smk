@@ -9,19 +9,24 @@ for _figure in FIGURES:
         name:
             f"figure_{_figure}"
         input:
-            all_results(),
+            shapes=shape_outputs(),
+            curves=results(CURVES),
         output:
             png=report(
-                RESULTS + f"/figures/{_figure}.png",
+                results(f"figures/{_figure}.png"),
                 caption=str(Path(RESULTS).absolute() / "figures" / f"{_figure}.rst"),
                 category="Figures",
             ),
-            caption=RESULTS + f"/figures/{_figure}.rst",
+            caption=results(f"figures/{_figure}.rst"),
         log:
-            RESULTS + f"/logs/figures/{_figure}.log",
+            results(f"logs/figures/{_figure}.log"),
+        conda:
+            ENV
         params:
+            python=PYTHON,
             figure=_figure,
-            results=RESULTS,
+            points=lambda wildcards, input: points_folder(input),
+            figures=lambda wildcards, output: str(Path(output.png).parent),
         shell:
-            "{PYTHON} -m analysis figures --results {params.results}/points "
-            "--out {params.results}/figures --only {params.figure} 2> {log}"
+            "{params.python} -m analysis figures --results {params.points} "
+            "--out {params.figures} --only {params.figure} 2> {log}"

@@ -8,13 +8,16 @@
 
 rule provision:
     output:
-        RESULTS + "/provision/doctor.json",
+        results("provision/doctor.json"),
     log:
-        RESULTS + "/logs/provision.log",
+        results("logs/provision.log"),
+    conda:
+        ENV
     params:
+        python=PYTHON,
         network=config["network"],
         hostfile=config.get("hostfile", ""),
     shell:
-        "{PYTHON} -m phub doctor --json > {output}.tmp 2> {log} && "
-        "{PYTHON} workflow/scripts/check_network.py {output}.tmp {params.network} {params.hostfile} 2>> {log} && "
+        "{params.python} -m phub doctor --json > {output}.tmp 2> {log} && "
+        "{params.python} workflow/scripts/check_network.py {output}.tmp {params.network} {params.hostfile} 2>> {log} && "
         "mv {output}.tmp {output}"

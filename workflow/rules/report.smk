@@ -3,12 +3,19 @@
 
 rule report:
     input:
-        all_results(),
-        expand(RESULTS + "/figures/{figure}.png", figure=FIGURES),
+        shapes=shape_outputs(),
+        curves=results(CURVES),
+        figures=expand(results("figures/{figure}.png"), figure=FIGURES),
     output:
-        RESULTS + "/report.md",
+        results("report.md"),
     log:
-        RESULTS + "/logs/report.log",
+        results("logs/report.log"),
+    conda:
+        ENV
+    params:
+        python=PYTHON,
+        points=lambda wildcards, input: points_folder(input),
+        figures=lambda wildcards, input: str(Path(input.figures[0]).parent),
     shell:
-        "{PYTHON} -m analysis report --results {RESULTS}/points --figures {RESULTS}/figures "
-        "--out {output} 2> {log}"
+        "{params.python} -m analysis report --results {params.points} "
+        "--figures {params.figures} --out {output} 2> {log}"
