@@ -48,10 +48,6 @@ class Table:
     data: pd.DataFrame
     provenance: List[str]
 
-    def cite(self) -> str:
-        """A one-paragraph provenance note for captions and the report."""
-        return f"`{self.name}.csv`: " + " ".join(self.provenance)
-
 
 def read_table(path: Path) -> Table:
     """Read one commented CSV; ValueError naming the file when it cannot be parsed."""

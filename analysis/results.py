@@ -166,11 +166,6 @@ def _convergence(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return out
 
 
-def read_file(path: PathLike) -> pd.DataFrame:
-    """One run file, typed and validated (see the module docstring)."""
-    return _runs(_read(Path(path)), Path(path))
-
-
 def _runs(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:

@@ -94,7 +94,6 @@ class ServerConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     once: bool = False  # exit when every job has ended (what the launcher wants)
     timeout: float = 300.0
-    kernels: str = "auto"
     rack: int = 0  # with peers: this server's rack index ...
     peers: Tuple[str, ...] = ()  # ... and every rack server's discovery HOST:PORT, in rack order
     transport: str = "tcp"  # or "verbs" (refused at start unless it can run here, see phub doctor),

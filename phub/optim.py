@@ -9,8 +9,6 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, Type
 
-import numpy as np
-
 from .errors import ConfigError
 
 
@@ -118,18 +116,3 @@ def optimizer_from_dict(obj: dict) -> Optimizer:
     if extra:
         raise ConfigError(f"optimizer {cls.name!r} has no parameter(s) {sorted(extra)}")
     return cls(**{k: v for k, v in obj.items() if k != "name"})
-
-
-def reference_steps(optimizer: Optimizer, weight: np.ndarray, grads, kernels=None) -> np.ndarray:
-    """Run `optimizer` over a sequence of aggregated gradients with the numpy reference kernels.
-
-    This is the oracle the tests and `--verify` compare against: the closed-form result of k steps.
-    """
-    from .kernels import get_backend
-
-    kernels = kernels or get_backend("reference")
-    w = np.array(weight, dtype=np.float32, copy=True)
-    mom = np.zeros_like(w)
-    for g in grads:
-        optimizer.apply(kernels, w, mom, np.asarray(g, dtype=np.float32), None, None, 1)
-    return w
