@@ -78,6 +78,10 @@ class JobState:
     Ranks here are the job's local worker indices 0..num_workers-1.
     """
 
+    # A complete local round is the whole round: `_local_round_done` is `[finish_round(...)]`
+    # (a rack's server overrides both), so a caller may call finish_round itself.
+    finishes_rounds_here = True
+
     def __init__(self, job_id: int, num_workers: int, topology: Topology, chunk_bytes: int,
                  core: int, kernels, server: int = 0, total_workers: Optional[int] = None):
         self.job_id = job_id

@@ -22,7 +22,7 @@ from .aggregation import ChunkState, JobState, ReadyLane, Result
 from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
 from .hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
-from .kernels import get_backend
+from .kernels import for_owned_buffers, get_backend
 from .admission import Admission
 from .racklinks import RackLinks
 from .rdma.serving import CoreVerbs
@@ -49,7 +49,7 @@ class Core(Admission, RackLinks):
         self.config = config
         self.core = core
         self.endpoints = endpoints
-        self.kernels = get_backend(config.kernels)
+        self.kernels = for_owned_buffers(get_backend("auto"))  # every buffer it updates is its own
         self.jobs: Dict[int, Job] = {spec.job_id: Job(spec) for spec in config.jobs}
         self.selector = selectors.DefaultSelector()
         for interface, listener in enumerate(listeners):
@@ -137,8 +137,14 @@ class Core(Admission, RackLinks):
                                         state.num_workers, state.fast_table, state.fast_states, completed)
         if offset != start:
             job.last_progress = time.monotonic()
-            for chunk, acc, last in completed:
-                self._act(job, state._local_round_done(chunk, acc, last))
+            if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
+                finish, send = state.finish_round, self._send_result
+                for chunk, acc, last in completed:
+                    finish(chunk, acc, last)
+                    send(job, chunk)
+            else:
+                for chunk, acc, last in completed:
+                    self._act(job, state._local_round_done(chunk, acc, last))
             if job.said_bye and job.ended is None:  # a worker has left: these rounds may never complete
                 self._check_stranded(job, peer.lane, state.pending())
         return offset, at_frame

@@ -136,6 +136,8 @@ class HierarchicalJobState(JobState):
         return len(self._peer_ready.get(batch, ())) == self.racks - 1
 
     # -- rounds ---------------------------------------------------------------------------------
+    finishes_rounds_here = False  # the round ends when every rack's partial is in
+
     def _local_round_done(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> list:
         iteration = state.rounds + 1
         parity = iteration % 2
