@@ -10,11 +10,11 @@ How the paper's testbed is scaled down (config `rack:`), the same for every poin
   this slow keep every point's cores mostly idle (measured: README, "What bounded the points");
 * model bytes are divided by s_m = s_n / `time_stretch`, so a run takes `time_stretch` times the
   paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
-* chunks are `chunk_bytes_paper` / s_m (a multiple of 4 bytes), so a model travels in the number
-  of chunks the paper's model would at that paper-equivalent size: 64 KB by default, twice the
-  paper's 32 KB, half its chunk count (measured in the README: the paper's own count costs this
-  machine's cores 10-20% of an iteration at 8 workers). A fixed `chunk_bytes` overrides it. The
-  chunk sweep sets its own s_m and sizes.
+* chunks are `chunk_bytes` (8 KB; the paper-equivalent chunk, `chunk_bytes_paper`, is that x
+  s_m), or, with `chunk_bytes_paper` set instead, that / s_m, so that a model travels in the
+  number of chunks the paper's model would at that size. The paper's counts cost more CPU than
+  two cores have (measured in the README: at 64 KB paper-equivalent, half the paper's count,
+  phub's wire-bound runs fell from 168 to 115 of 216). The chunk sweep sets its own s_m and sizes.
 
 Points that share a rack spec form a *shape*: the runner brings one rack up per shape and runs
 all its points in it. Points with the same measurement (the same system, model, rack, options)
@@ -29,7 +29,7 @@ from typing import Dict, Iterator, List
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
 DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
-DEFAULT_CHUNK_BYTES_PAPER = 65536  # config: rack.chunk_bytes_paper (or a fixed rack.chunk_bytes)
+DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes (unless rack.chunk_bytes_paper is set)
 PAPER_CHUNK_BYTES = 32768
 # What makes two points the same measurement (everything but where it is filed).
 MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
@@ -75,8 +75,8 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
     s_m = point.get("rack", {}).get("scale", {}).get("model", 1)
     if emulated and "chunk_bytes" not in fields:
         settings = config.get("rack", {})
-        point["chunk_bytes"] = settings.get("chunk_bytes") or scaled_chunk(
-            settings.get("chunk_bytes_paper", DEFAULT_CHUNK_BYTES_PAPER), s_m)
+        paper = settings.get("chunk_bytes_paper")
+        point["chunk_bytes"] = scaled_chunk(paper, s_m) if paper else settings.get("chunk_bytes", DEFAULT_CHUNK_BYTES)
     point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
     measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
     measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
