@@ -24,7 +24,7 @@ from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
-from . import exiting, wire
+from . import exiting, messages, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .config import check_timeout
@@ -39,6 +39,7 @@ except ImportError:  # not built: every frame takes the Python path
     drain_results = None
 
 DEFAULT_TIMEOUT = 300.0
+MAX_SHARE_BYTES = 1 << 20  # a shared value's JSON (see Client.share)
 
 # The environment `phub launch` gives every worker (and `phub.connect()` reads).
 ENV_SERVER, ENV_RANK, ENV_WORKERS = "PHUB_SERVER", "PHUB_RANK", "PHUB_NUM_WORKERS"
@@ -79,6 +80,8 @@ class Client(ClientLoop):
         self._lock = threading.Lock()
         self._verbs = None  # the RDMA data path (rdma.worker.WorkerVerbs), if the server runs one
         self._optimizer_acks: Optional[Handle] = None
+        self._shared: Dict[str, object] = {}  # name -> rank 0's value (see share)
+        self._share_waiters: Dict[str, Handle] = {}
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
         welcomes = [self._discover(a) for a in parse_addresses(address)]
@@ -265,6 +268,38 @@ class Client(ClientLoop):
         if timeout is not None:
             check_timeout(timeout)  # before anything is pushed
         return self.pushpull_async(key, grad, out).wait(timeout)
+
+    def share(self, name: str, value=None, timeout: Optional[float] = None):
+        """Rank 0's `value` for `name`, on every worker of the job: a rendezvous for what is not
+        a tensor (a port, a run's metadata). Rank 0 passes the value (anything JSON can carry,
+        up to 1 MB encoded); every worker, rank 0 included, blocks until the server has handed
+        it out (at most `timeout`, default the client's) and gets it back decoded. Each name
+        is shared once per job; the others may ask before or after rank 0 shares. Raises
+        ConfigError for a bad name or value, PHubTimeout, or JobFailed."""
+        if not isinstance(name, str) or not 0 < len(name) <= messages.MAX_SHARE_NAME:
+            raise ConfigError(f"share: the name must be a string of 1..{messages.MAX_SHARE_NAME} characters, "
+                              f"got {name!r}")
+        frame = None
+        if self.rank == 0:
+            try:
+                frame = wire.control_frame(wire.Kind.SHARE, self.job_id, self.rank, {"name": name, "value": value})
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"share {name!r}: the value cannot be sent as JSON: {exc}") from None
+            if len(frame) > wire.HEADER_BYTES + MAX_SHARE_BYTES:
+                raise ConfigError(f"share {name!r}: the value is {len(frame) - wire.HEADER_BYTES} bytes as JSON "
+                                  f"(at most {MAX_SHARE_BYTES})")
+        self._check_failed()
+        with self._lock:  # the I/O thread files arriving values under it (ClientLoop._on_frame)
+            if frame is not None and name in self._share_waiters:
+                raise ConfigError(f"share {name!r}: rank 0 shared this name already")
+            handle = self._share_waiters.get(name)
+            if handle is None:
+                handle = self._share_waiters[name] = Handle(self, 0 if name in self._shared else 1, None,
+                                                            f"share of {name!r}", [])
+        if frame is not None:
+            self._submit([(self._links[0], frame)])
+        handle.wait(timeout)
+        return self._shared[name]
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
         """Block until every pushpull issued so far is done: at most `timeout` in all (default

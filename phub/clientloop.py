@@ -2,14 +2,14 @@
 
 One thread per client drives every lane's connection from one selector: it sends what the caller
 queued (`_submit`, woken through a socket pair), writes arriving RESULTs straight into the
-caller's output arrays, counts READY frames, and on a lost connection or an ERROR frame fails
+caller's output arrays, counts READY frames, files SHAREd values, and on a lost connection or an ERROR frame fails
 every waiting handle with `JobFailed` naming the cause. Mixed into `phub.client.Client`.
 """
 from __future__ import annotations
 
 from typing import List
 
-from . import wire
+from . import messages, wire
 from .errors import JobFailed, PHubError, ProtocolError
 from .transport import Link, LinkClosed, flush_links
 
@@ -61,6 +61,13 @@ class ClientLoop:
             self._ready_waiters[body["batch"]]._arrived()
         elif kind is wire.Kind.OPTIMIZER and self._verbs:
             self._optimizer_acks._arrived()
+        elif kind is wire.Kind.SHARE:
+            name, value = messages.share(frame.json())
+            with self._lock:
+                self._shared[name] = value
+                handle = self._share_waiters.get(name)
+            if handle is not None and not handle.done():
+                handle._arrived()
         elif kind is wire.Kind.ERROR:
             raise JobFailed(frame.json().get("message", "the server reported an error"))
         else:
@@ -120,6 +127,6 @@ class ClientLoop:
             self._error = error
         for _, _, handle in list(self._expect.values()):
             handle._event.set()
-        for handle in [*self._ready_waiters.values(), self._optimizer_acks]:
+        for handle in [*self._ready_waiters.values(), *self._share_waiters.values(), self._optimizer_acks]:
             if handle is not None:
                 handle._event.set()

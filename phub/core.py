@@ -41,6 +41,10 @@ def _log(message: str) -> None:
     print(f"phub server: {message}", file=sys.stderr, flush=True)
 
 
+def _share_frame(job: Job, name: str, value) -> bytes:
+    return wire.control_frame(wire.Kind.SHARE, job.spec.job_id, wire.SERVER_SENDER, {"name": name, "value": value})
+
+
 class Core(Admission, RackLinks):
     """The event loop of one server core (runs in its own process)."""
 
@@ -215,10 +219,28 @@ class Core(Admission, RackLinks):
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
                 self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+        elif kind is wire.Kind.SHARE:
+            if peer.rank != 0 or peer.lane != 0:
+                raise ProtocolError(f"SHARE frame from rank {peer.rank} on lane {peer.lane}: only rank 0 shares, "
+                                    "on lane 0")
+            name, value = messages.share(frame.json())
+            self._share(job, name, value)
+            self._to_racks(job, wire.control_frame(wire.Kind.SHARE, job.spec.job_id, self.config.rack,
+                                                   {"name": name, "value": value}))
         elif kind is wire.Kind.ERROR:
             self._fail(job, f"rank {peer.rank} gave up: {messages.error_message(frame.json())}")
         else:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
+
+    def _share(self, job: Job, name: str, value) -> None:
+        """Keep rank 0's value and hand it to every worker on lane 0 (to later ones when they connect)."""
+        if name in job.shared:
+            raise ProtocolError(f"SHARE: {name!r} was shared already")
+        job.shared[name] = value
+        frame = _share_frame(job, name, value)
+        for link in job.links.get(0, ()):
+            if link is not None:
+                link.send(frame)
 
     def _register(self, job: Job, peer: Peer, body: dict) -> None:
         new = body.get("batch") == len(job.state.plan.batches)  # a batch registered before costs nothing again
@@ -290,6 +312,9 @@ class Core(Admission, RackLinks):
             print(json.dumps({"event": "joined", "job": spec.job_id, "rank": rank}), flush=True)
         job.joined.add(rank)
         link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
+        if lane == 0:  # what rank 0 shared before this worker connected
+            for name, value in job.shared.items():
+                link.send(_share_frame(job, name, value))
 
     def _create_state(self, job: Job, shard) -> Optional[str]:
         """Set up the job on this core; returns an error message instead if the layout is invalid."""

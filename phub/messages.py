@@ -178,6 +178,19 @@ def error_message(body: dict) -> str:
     return message[:MAX_MESSAGE]
 
 
+MAX_SHARE_NAME = 256  # characters of a SHARE's name
+
+
+def share(body: dict) -> Tuple[str, object]:
+    """A SHARE: {name, value}; the value is any JSON (the frame's size bounds it)."""
+    name = _string("SHARE", "name", body.get("name"), MAX_SHARE_NAME)
+    if not name:
+        raise ProtocolError("SHARE.name must not be empty")
+    if "value" not in body:
+        raise ProtocolError("SHARE has no value")
+    return name, body["value"]
+
+
 def peer_ready(body: dict) -> int:
     """A PEER_READY (between rack servers): {batch}."""
     return _integer("PEER_READY", "batch", body.get("batch"), 0, MAX_ID)

@@ -26,6 +26,8 @@ class RackLinks:
             self._act(job, job.state.on_peer_init(header))
         elif header.kind is wire.Kind.PEER_READY:
             self._act(job, job.state.on_peer_ready(peer.rack, messages.peer_ready(frame.json())))
+        elif header.kind is wire.Kind.SHARE and peer.rack == 0:  # rank 0's value, for this rack's workers
+            self._share(job, *messages.share(frame.json()))
         elif header.kind is wire.Kind.BYE:
             job.racks_done.add(peer.rack)
         else:

@@ -34,6 +34,7 @@ class Job:
         self.stall_reported = False
         self.registered_bytes = 0  # counted against the server's max_job_bytes (messages.register)
         self.joined: set = set()  # ranks with a lane admitted on this core
+        self.shared: Dict[str, object] = {}  # what rank 0 shared (wire.Kind.SHARE), by name
 
     def live_links(self):
         for lane_links in self.links.values():

@@ -56,6 +56,9 @@ class Kind(enum.IntEnum):
     ERROR = 10  # either way, JSON {"message": ...}: the sender gives up on the job
     PARTIAL = 11  # rack server -> rack server, data: a chunk aggregated over one rack's workers
     PEER_READY = 12  # rack server -> rack server, JSON {"batch"}: this core registered a batch
+    SHARE = 13  # JSON {"name", "value"}: rank 0's value for every worker of the job (a rendezvous
+    # for what is not a tensor): rank 0 -> its server, server -> every worker (rank 0 too), and
+    # rack 0's server -> the other racks' servers, on lane 0's core
 
 
 DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL})

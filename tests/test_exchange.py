@@ -5,11 +5,13 @@ aggregate is exactly N(N+1)/2 * s * P_a and the weights after k steps follow fro
 formula. The oracles here are written out in float64 from the formulas in the paper's notes, not
 taken from phub's kernels.
 """
+import json
+
 import numpy as np
 import pytest
 
 import phub
-from workers.exchange_worker import initial, pattern
+from workers.exchange_worker import SHARED_EARLY, SHARED_LATE, initial, pattern
 
 # Sizes around the 8192-element chunk: 1 element, one short, exact, one over, several chunks, 3-d.
 SIZES = [[1], [8191], [8192], [8193], [20000], [3, 5, 7]]
@@ -104,3 +106,12 @@ def test_small_chunks_and_many_lanes(run_exchange):
         size = int(np.prod(shape))
         want = nag_oracle(2, i, size, 2, 0.1, 0.9, 0.0, 0.5)
         assert_close(results[0][f"final{i}"].reshape(-1), want, f"array {i}")
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_rank_0_shares_values_that_are_not_tensors_with_every_worker(run_exchange, workers):
+    """Client.share: what rank 0 shares before its init reaches workers that ask after theirs,
+    and a value shared at the end reaches everyone too, decoded as rank 0 passed it."""
+    results = run_exchange(workers, [[5]], 2, share=True)
+    for saved in results:
+        assert json.loads(str(saved["shared"])) == [SHARED_EARLY, SHARED_LATE]

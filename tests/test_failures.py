@@ -155,6 +155,30 @@ def test_pushpull_times_out_naming_the_missing_chunks():
         srv.stop()
 
 
+def test_share_refuses_what_it_cannot_send_and_times_out_naming_the_value(server):
+    with phub.connect(server.address, rank=0, num_workers=1, job_id=7, token="s3cret", timeout=10) as kv:
+        for name, value, message in [("", 1, "name must be"), (7, 1, "name must be"), ("x" * 257, 1, "name must be"),
+                                     ("v", object(), "cannot be sent as JSON"),
+                                     ("v", "x" * (1 << 20), "at most 1048576")]:
+            with pytest.raises(phub.ConfigError, match=message):
+                kv.share(name, value)
+        assert kv.share("v", {"a": [1, 2]}) == {"a": [1, 2]}
+        with pytest.raises(phub.ConfigError, match="shared this name already"):
+            kv.share("v", 2)
+    srv = phub.Server(phub.ServerConfig(jobs=(phub.JobSpec(0, 2),), timeout=60)).start()
+    try:  # rank 1 asks; rank 0 never shares
+        import threading
+        clients = [None, None]
+        threads = [threading.Thread(target=lambda r=r: clients.__setitem__(
+            r, phub.connect(srv.address, rank=r, num_workers=2, timeout=20))) for r in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        with pytest.raises(phub.PHubTimeout, match="share of 'port' timed out"):
+            clients[1].share("port", timeout=0.5)
+    finally:
+        srv.stop()
+
+
 def test_connect_without_launcher_environment_names_the_variable(monkeypatch):
     monkeypatch.delenv("PHUB_SERVER", raising=False)
     with pytest.raises(phub.ConfigError, match="PHUB_SERVER is not set"):

@@ -28,6 +28,7 @@ from phub.transport import recv_control
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTECTED, TOKEN, FUZZ_JOBS = 5000, "SECRET", range(1, 701)
+PAIR = 4999  # a job of two workers
 BUDGET = 4 << 20  # --max-job-bytes of the fuzzed server
 RSS_GROWTH = 150 << 20  # how much the core may grow over the whole module
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -52,7 +53,7 @@ def _rss(pid: int) -> int:
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("fuzz") / "server.log"
     argv = [sys.executable, "-m", "phub", "server", "--timeout", "3", "--max-job-bytes", str(BUDGET),
-            "--job", f"{PROTECTED}:1:{TOKEN}"]
+            "--job", f"{PROTECTED}:1:{TOKEN}", "--job", f"{PAIR}:2"]
     for job in FUZZ_JOBS:
         argv += ["--job", f"{job}:1"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -175,6 +176,33 @@ def test_any_message_from_a_worker_or_a_stranger(server, kind, value, joined):
         _send(sock, wire.Kind.ERROR, job, {"message": "fuzz done"})
         frame = _reply(sock)
         assert frame is not None and frame.header.kind is wire.Kind.ERROR
+
+
+@FUZZ
+@given(json_values, json_values)
+def test_any_share(server, name, value):
+    """Rank 0's SHARE comes back to it (the job's only worker) as sent, once per name; a bad name
+    fails the job naming SHARE."""
+    sock, job = _joined(server)
+    with sock:
+        _send(sock, wire.Kind.SHARE, job, {"name": name, "value": value})
+        frame = _reply(sock)
+        assert frame is not None
+        if isinstance(name, str) and 0 < len(name) <= 256:
+            assert frame.header.kind is wire.Kind.SHARE, _message(frame)
+            assert json.dumps(frame.json()) == json.dumps({"name": name, "value": value})  # NaN too
+            _send(sock, wire.Kind.SHARE, job, {"name": name, "value": 1})
+            assert "shared already" in _message(_reply(sock))
+        else:
+            assert "SHARE" in _message(frame)
+
+
+def test_only_rank_0_shares(server):
+    with _connect(server) as sock:
+        _send(sock, wire.Kind.HELLO, PAIR, {"job": PAIR, "token": "", "rank": 1, "num_workers": 2, "lane": 0})
+        assert _reply(sock).header.kind is wire.Kind.WELCOME
+        _send(sock, wire.Kind.SHARE, PAIR, {"name": "port", "value": 1}, sender=1)
+        assert "only rank 0 shares" in _message(_reply(sock))
 
 
 @pytest.mark.parametrize("hello, field", [

@@ -11,13 +11,14 @@ from phub.cluster import loopback
 from phub.launch import run_job
 from conftest import WORKER
 from test_exchange import SIZES, aggregate, assert_close, nag_oracle
-from workers.exchange_worker import initial
+from workers.exchange_worker import SHARED_EARLY, SHARED_LATE, initial
 
 STEPS = 3
 
 
-def run(tmp_path, cluster, workers, optimizer, cores=1, transport="tcp"):
-    params = {"sizes": SIZES, "steps": STEPS, "optimizer": optimizer and optimizer.to_dict(), "out_dir": str(tmp_path)}
+def run(tmp_path, cluster, workers, optimizer, cores=1, transport="tcp", share=False):
+    params = {"sizes": SIZES, "steps": STEPS, "optimizer": optimizer and optimizer.to_dict(), "out_dir": str(tmp_path),
+              "share": share}
     config = phub.ServerConfig(cores=cores, timeout=60, transport=transport)
     result = run_job([sys.executable, WORKER], workers, config, cluster, extra_env={"PHUB_TEST": json.dumps(params)})
     assert result.status == 0, result.failed
@@ -56,3 +57,15 @@ def test_sharded_servers_on_every_worker(tmp_path):
         want = nag_oracle(3, i, size, STEPS, 0.1, 0.9, 0.0, 1.0 / 3)
         for saved in results:
             assert_close(saved[f"final{i}"].reshape(-1), want, f"array {i}")
+
+
+@pytest.mark.parametrize("layout", ["racks", "shards"])
+def test_rank_0_shares_with_every_rack_and_through_sharded_servers(tmp_path, layout):
+    """A SHARE goes to rank 0's server (lane 0's core), which hands it to its workers and, with
+    two-phase reduction, to the other racks' servers for theirs."""
+    cluster = loopback(4, racks=2) if layout == "racks" else loopback(3, shards=3)
+    workers = len(cluster.workers)
+    results = run(tmp_path, cluster, workers, phub.NAG(learning_rate=0.1, rescale_grad=1.0 / workers), cores=2,
+                  share=True)
+    for saved in results:
+        assert json.loads(str(saved["shared"])) == [SHARED_EARLY, SHARED_LATE]

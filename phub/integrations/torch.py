@@ -43,7 +43,8 @@ def init_process_group(client: Client, backend: str = "gloo", timeout: float = 3
 
     With MASTER_ADDR and MASTER_PORT set, this is the usual `env://` start. Otherwise rank 0
     opens a TCPStore on a free port of MASTER_ADDR (default 127.0.0.1) and the other workers
-    learn the port through PHub, so `phub launch` needs no extra configuration. Blocks until
+    learn the port from it through `Client.share`, so `phub launch` needs no extra
+    configuration. Blocks until
     every worker has joined; raises what `torch.distributed.init_process_group` raises.
     """
     rank, world = client.rank, client.num_workers
@@ -51,14 +52,12 @@ def init_process_group(client: Client, backend: str = "gloo", timeout: float = 3
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
         return
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    store = None
-    port = np.zeros(1, np.float32)
+    name = f"torch.store_port.{next(_store_keys)}"
     if rank == 0:
         store = dist.TCPStore(host, 0, world, True, timedelta(seconds=timeout), wait_for_workers=False)
-        port[0] = store.port  # a port number is exact in float32
-    client.init(f"torch.store_port.{next(_store_keys)}", port)  # rank 0's value reaches everyone
-    if rank != 0:
-        store = dist.TCPStore(host, int(port[0]), world, False, timedelta(seconds=timeout))
+        client.share(name, store.port, timeout)
+    else:
+        store = dist.TCPStore(host, int(client.share(name, timeout=timeout)), world, False, timedelta(seconds=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
 
 

@@ -2,8 +2,10 @@
 
 Parameters come as JSON in PHUB_TEST: sizes (list of shapes), steps, optimizer (dict or null for
 the server's default sum), out_dir, and optionally announce (print "step N" lines as it goes),
-split_init (register the first array in one init call and the rest in a second: two batches) and
-slow: {"rank": R, "seconds": S} (rank R computes for S seconds before each push: a straggler).
+split_init (register the first array in one init call and the rest in a second: two batches),
+slow: {"rank": R, "seconds": S} (rank R computes for S seconds before each push: a straggler) and
+share (rank 0 shares SHARED_EARLY before its init, which the others ask for after theirs, and
+SHARED_LATE after the exchange; every rank saves what it got).
 Rank r's gradient for array a at step s is (r + 1) * s * pattern(a): exact sums in float32.
 """
 import json
@@ -25,10 +27,17 @@ def initial(size, seed):
     return pattern(size, seed, period=7, scale=1 / 8) + np.float32(1.0)
 
 
+SHARED_EARLY = {"port": 29500, "hosts": ["198.18.0.1", "198.18.0.2"], "text": "säkert"}
+SHARED_LATE = [1.5, None, True, 2**40]
+
+
 def main():
     params = json.loads(os.environ["PHUB_TEST"])
     kv = phub.connect()
     rank = kv.rank
+    share = params.get("share")
+    if share and rank == 0:
+        early = kv.share("early", SHARED_EARLY)
     shapes = [tuple(s) for s in params["sizes"]]
     keys = [f"array{i}" for i in range(len(shapes))]
     rng = np.random.default_rng(rank)
@@ -42,6 +51,8 @@ def main():
     if params.get("optimizer"):
         kv.set_optimizer(optimizer_from_dict(params["optimizer"]))
     saved = {f"init{i}": w.copy() for i, w in enumerate(weights)}
+    if share and rank != 0:
+        early = kv.share("early")  # handed out before this worker's init completed
     saved["transport"] = np.array(kv.transport)
     slow = params.get("slow") or {}
     for step in range(1, params["steps"] + 1):
@@ -60,6 +71,8 @@ def main():
                 saved[f"sum{step}_{i}"] = o.copy()
         if params.get("announce"):
             print(f"step {step}", flush=True)
+    if share:
+        saved["shared"] = np.array(json.dumps([early, kv.share("late", SHARED_LATE if rank == 0 else None)]))
     kv.close()
     for i, w in enumerate(weights):
         saved[f"final{i}"] = w
