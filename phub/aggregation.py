@@ -167,6 +167,21 @@ class JobState:
                          lambda cid: cid in self.owned and (lane is None or self.owned[cid].chunk.lane == lane))
         return self.owned[header.chunk]
 
+    def state_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
+        """Where the first worker's checkpointed optimizer state of a chunk goes: its momentum."""
+        if rank != 0:
+            raise ProtocolError(f"STATE frame from rank {header.sender}: only the first worker loads optimizer state")
+        state = self.owned_chunk(header, lane)
+        if (lane, state.chunk.batch) not in self._ready_sent:
+            raise ProtocolError(f"rank {header.sender} loaded chunk {header.chunk}'s state before it was initialized")
+        if state.mom is None:
+            state.mom = np.zeros_like(state.weight)
+        return memoryview(state.mom).cast("B")
+
+    def lane_states(self, lane: int) -> List[ChunkState]:
+        """The chunks of `lane` (all on this core), in chunk order."""
+        return sorted((s for s in self.owned.values() if s.chunk.lane == lane), key=lambda s: s.chunk.id)
+
     def init_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
         """Where rank 0's initial weights of a chunk go: straight into the chunk's weights."""
         if rank != 0:

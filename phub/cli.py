@@ -131,12 +131,13 @@ def cmd_server(args) -> int:
 
 def cmd_launch(args) -> int:
     from .config import JobSpec
-    from .launch import own_python, run_job
+    from .launch import own_python, run_with_restarts
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError("phub launch: give the worker command after --")
-    result = run_job(own_python(command), args.workers, _server_config(args, [JobSpec(0, args.workers)], True))
+    result = run_with_restarts(own_python(command), args.workers, _server_config(args, [JobSpec(0, args.workers)], True),
+                               args.max_restarts)
     if result.status:
         print(f"phub launch: {result.failed}; stopped the other processes", file=sys.stderr)
     return result.status
@@ -232,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "whose first word is `python` or `python3` runs with this phub's own interpreter "
                     f"({sys.executable}), activated or not; give a path to run another.")
     launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
+    launch.add_argument("--max-restarts", type=int, default=0,
+                        help="start the whole job again after a failure, up to this many times (default 0); "
+                             "workers read the start's number in PHUB_RESTART_COUNT and resume from their "
+                             "own checkpoint")
     _add_server_options(launch, "--server-cores", "--servers-cores")
     _add_transport_option(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Dict, Hashable, List, Optional
+from typing import Dict, Hashable, List, Mapping, Optional
 
 import numpy as np
 
@@ -81,6 +81,7 @@ class Client(ClientLoop):
         self._verbs = None  # the RDMA data path (rdma.worker.WorkerVerbs), if the server runs one
         self._optimizer_acks: Optional[Handle] = None
         self._shared: Dict[str, object] = {}  # name -> rank 0's value (see share)
+        self._expect_state: Dict[int, tuple] = {}  # chunk id -> (destination bytes, handle), see optimizer_state
         self._share_waiters: Dict[str, Handle] = {}
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
@@ -268,6 +269,42 @@ class Client(ClientLoop):
         if timeout is not None:
             check_timeout(timeout)  # before anything is pushed
         return self.pushpull_async(key, grad, out).wait(timeout)
+
+    def optimizer_state(self, timeout: Optional[float] = None) -> Dict[Hashable, np.ndarray]:
+        """The server's optimizer state of every registered key, for a checkpoint: the momentum
+        of NAG (or of SGD with momentum), float32 and flat, zeros where there is none. Waits for
+        this worker's pushpulls, then asks each lane's server core (at most `timeout` in all,
+        default the client's); the state is the one after the last round this worker pushed.
+        Any worker may call it (with two-phase reduction its rack's server answers with its
+        copy, the same on every rack). Raises PHubTimeout or JobFailed."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else check_timeout(timeout))
+        self.wait_all(timeout)
+        self._check_failed()
+        keys = [key for batch in self.plan.batches for key, _ in batch]
+        states = {key: np.zeros(self.plan.key_size(key), np.float32) for key in keys}
+        handle = Handle(self, len(self.plan.chunks), states, "optimizer_state", [c.id for c in self.plan.chunks])
+        for c in self.plan.chunks:
+            self._expect_state[c.id] = (memoryview(states[c.key][c.offset:c.offset + c.size]).cast("B"), handle)
+        self._to_all_lanes(wire.control_frame(wire.Kind.STATE_REQUEST, self.job_id, self.rank, {}))
+        return handle.wait(max(deadline - time.monotonic(), 0.001))
+
+    def load_optimizer_state(self, states: Mapping[Hashable, np.ndarray]) -> None:
+        """Resume from a checkpoint: set the server's optimizer state of the keys in `states`
+        (as `optimizer_state` returned it). Like `set_optimizer`, only the server's first
+        worker's call takes effect (rank 0, or each rack's first rank); every worker may call
+        it. Call it after `init` and `set_optimizer` and before the keys' next pushpull: it
+        travels ahead of them. Does not block; ConfigError for an unknown key or a wrong size."""
+        flat = {key: _as_float32("optimizer state", key, np.ascontiguousarray(value, dtype=np.float32),
+                                 self.plan.key_size(key)).copy() for key, value in states.items()}
+        self._check_failed()
+        if not self._leader:
+            return
+        frames = []
+        for key, values in flat.items():
+            for c in self.plan.key_chunks(key):
+                header = wire.pack_header(wire.Kind.STATE, self.job_id, self.rank, c.id, 0, c.nbytes)
+                frames.append((self._links[c.lane], header, memoryview(values[c.offset:c.offset + c.size]).cast("B")))
+        self._submit(frames)
 
     def share(self, name: str, value=None, timeout: Optional[float] = None):
         """Rank 0's `value` for `name`, on every worker of the job: a rendezvous for what is not

@@ -41,6 +41,11 @@ class ClientLoop:
 
     def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
         wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
+        if header.kind is wire.Kind.STATE:  # an answer to optimizer_state
+            wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
+            if header.chunk not in self._expect_state:
+                raise ProtocolError(f"unexpected STATE for chunk {header.chunk}")
+            return self._expect_state[header.chunk][0]
         if header.kind is not wire.Kind.RESULT:
             raise ProtocolError(f"the server sent a {header.kind.name} data frame")
         wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
@@ -61,6 +66,8 @@ class ClientLoop:
             self._ready_waiters[body["batch"]]._arrived()
         elif kind is wire.Kind.OPTIMIZER and self._verbs:
             self._optimizer_acks._arrived()
+        elif kind is wire.Kind.STATE:
+            self._expect_state.pop(frame.header.chunk)[1]._arrived()
         elif kind is wire.Kind.SHARE:
             name, value = messages.share(frame.json())
             with self._lock:
@@ -125,8 +132,8 @@ class ClientLoop:
     def _fail(self, error: PHubError) -> None:
         if self._error is None:
             self._error = error
-        for _, _, handle in list(self._expect.values()):
-            handle._event.set()
+        for entry in [*self._expect.values(), *self._expect_state.values()]:
+            entry[-1]._event.set()
         for handle in [*self._ready_waiters.values(), *self._share_waiters.values(), self._optimizer_acks]:
             if handle is not None:
                 handle._event.set()

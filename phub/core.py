@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+import numpy as np
+
 from . import messages, wire
 from .aggregation import ChunkState, JobState, ReadyLane, Result
 from .config import Endpoint, ServerConfig
@@ -175,6 +177,8 @@ class Core(Admission, RackLinks):
             return job.state.push_target(peer.local, header, peer.lane)
         if header.kind is wire.Kind.INIT:
             return job.state.init_target(peer.local, header, peer.lane)
+        if header.kind is wire.Kind.STATE:
+            return job.state.state_target(peer.local, header, peer.lane)
         raise ProtocolError(f"a worker may not send {header.kind.name} frames")
 
     def _on_frame(self, link: Link, frame: wire.Frame) -> None:
@@ -219,6 +223,13 @@ class Core(Admission, RackLinks):
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
                 self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+        elif kind is wire.Kind.STATE:
+            pass  # a checkpointed momentum, already in place (JobState.state_target)
+        elif kind is wire.Kind.STATE_REQUEST:
+            for state in job.state.lane_states(peer.lane):  # copies: a round may complete before they leave
+                mom = state.mom if state.mom is not None else np.zeros_like(state.weight)
+                link.send(wire.pack_header(wire.Kind.STATE, job.spec.job_id, wire.SERVER_SENDER, state.chunk.id,
+                                           state.rounds, state.chunk.nbytes), mom.tobytes())
         elif kind is wire.Kind.SHARE:
             if peer.rank != 0 or peer.lane != 0:
                 raise ProtocolError(f"SHARE frame from rank {peer.rank} on lane {peer.lane}: only rank 0 shares, "

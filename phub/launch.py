@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .client import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_WORKERS
 from .cluster import Cluster, Node
 from .config import JobSpec, ServerConfig
-from .errors import PHubError
+from .errors import ConfigError, PHubError
 
 _GRACE = 5.0  # seconds a stopped process gets between SIGTERM and SIGKILL
 READY_TIMEOUT = 60.0
@@ -237,6 +237,27 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     finally:
         stop_processes(processes)
         signal.signal(signal.SIGTERM, previous)
+    return result
+
+
+ENV_RESTART = "PHUB_RESTART_COUNT"  # which start of the job a worker is in (0: the first)
+
+
+def run_with_restarts(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,
+                      max_restarts: int = 0, log=None, **options) -> JobResult:
+    """`run_job`, started again from scratch (a new server, new workers) after a failure, up to
+    `max_restarts` times; not after an interrupt. Workers find their start's number in
+    PHUB_RESTART_COUNT; a script resumes from the checkpoint it wrote itself (weights and
+    `Client.optimizer_state`). Returns the last start's result."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    extra = dict(options.pop("extra_env", None) or {})
+    for attempt in range(max_restarts + 1):
+        result = run_job(command, num_workers, config, extra_env={**extra, ENV_RESTART: str(attempt)}, **options)
+        if result.status == 0 or result.status == 130 or attempt == max_restarts:
+            return result
+        print(f"phub launch: {result.failed}; restarting the job ({attempt + 1} of {max_restarts})",
+              file=log or sys.stderr, flush=True)
     return result
 
 

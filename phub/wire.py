@@ -59,9 +59,12 @@ class Kind(enum.IntEnum):
     SHARE = 13  # JSON {"name", "value"}: rank 0's value for every worker of the job (a rendezvous
     # for what is not a tensor): rank 0 -> its server, server -> every worker (rank 0 too), and
     # rack 0's server -> the other racks' servers, on lane 0's core
+    STATE_REQUEST = 14  # worker -> server, JSON {}: send this lane's optimizer state (checkpoints)
+    STATE = 15  # data: one chunk's optimizer state (the momentum, zeros if none): server -> the
+    # worker that asked; a server's first worker -> server, to resume from a checkpoint
 
 
-DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL})
+DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL, Kind.STATE})
 _KIND_BY_VALUE = {int(k): k for k in Kind}
 
 

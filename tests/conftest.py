@@ -44,12 +44,13 @@ def run_exchange(tmp_path):
     servers = []
 
     def run(num_workers, sizes, steps, optimizer=None, cores=1, interfaces=("127.0.0.1",), slow=None,
-            split_init=False, share=False, **config):
+            split_init=False, share=False, worker_params=None, **config):
         server = phub.Server(phub.ServerConfig(jobs=(phub.JobSpec(0, num_workers),), cores=cores,
                                                interfaces=interfaces, once=True, timeout=60, **config)).start()
         servers.append(server)
         params = {"sizes": sizes, "steps": steps, "optimizer": optimizer and optimizer.to_dict(),
-                  "out_dir": str(tmp_path), "slow": slow, "split_init": split_init, "share": share}
+                  "out_dir": str(tmp_path), "slow": slow, "split_init": split_init, "share": share,
+                  **(worker_params or {})}
         outcomes = finish(start_workers(server, num_workers, params))
         for rank, (code, err) in enumerate(outcomes):
             assert code == 0, f"rank {rank} failed:\n{err}"

@@ -63,8 +63,10 @@ def one_worker(monkeypatch):
     server.stop()
 
 
-def test_registered_by_name_and_raw_kvstore_api(one_worker):
-    from phub.integrations.mxnet import PHub  # importing it registers the name
+def test_registered_by_name_and_raw_kvstore_api(one_worker, tmp_path):
+    import pickle
+
+    from phub.integrations.mxnet import SERVER_STATE, PHub, create  # importing it registers the name
 
     kv = mx.kv.create("phub")  # builds the class, connected from the environment
 
@@ -92,8 +94,6 @@ def test_registered_by_name_and_raw_kvstore_api(one_worker):
     kv.pushpull("w", mx.nd.full((2, 2), 4.0), out=out)
     np.testing.assert_array_equal(out.asnumpy(), w.asnumpy() - 0.5)
     kv.pushpull([3, 4], [mx.nd.ones(5), mx.nd.ones(3)], out=[mx.nd.zeros(5), mx.nd.zeros(3)])
-    with pytest.raises(NotImplementedError, match="lives on the phub server"):
-        kv.save_optimizer_states("unused")
 
     # Re-broadcast, as MXNet's stores allow: the new value replaces the old one everywhere, and
     # the server's optimizer state (momentum) starts afresh.
@@ -105,6 +105,23 @@ def test_registered_by_name_and_raw_kvstore_api(one_worker):
     out = mx.nd.zeros(5)
     kv.pushpull(3, mx.nd.ones(5), out=out)
     np.testing.assert_array_equal(out.asnumpy(), np.full(5, 10.0 - 0.5))  # 9.05 with the old momentum
+
+    # Checkpoint: the server's momentum (key 3: -0.5 after one step of SGD with momentum) to a
+    # file, one more step (momentum -0.95), the file loaded back, and the next step uses -0.5 again.
+    states = tmp_path / "states"
+    kv.save_optimizer_states(str(states))
+    with open(states, "rb") as f:
+        saved = pickle.load(f)[SERVER_STATE]
+    assert set(saved) == {"w", 3, 4}
+    np.testing.assert_allclose(saved[3], np.full(5, -0.5), rtol=1e-6)
+    kv.pushpull(3, mx.nd.ones(5), out=out)  # 9.5 - 0.95
+    kv.load_optimizer_states(str(states))
+    kv.pushpull(3, mx.nd.ones(5), out=out)  # 8.55 + (0.9 * -0.5 - 0.5); 7.195 without the load
+    np.testing.assert_allclose(out.asnumpy(), np.full(5, 7.6), rtol=1e-6)
+    with pytest.raises(phub.ConfigError, match="not initialized in this store"):
+        other = create(client=kv.client, prefix="other/")
+        other.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+        other.load_optimizer_states(str(states))
     kv.close()
 
 

@@ -54,10 +54,12 @@ from mxnet.kvstore import KVStoreBase
 from .. import exiting, optim
 from ..client import Client, connect
 from ..errors import ConfigError
+from ..fileio import atomic_write
 from ._common import ensure_optimizer
 
 __all__ = ["PHub", "create", "sync_initial_weights"]
 
+SERVER_STATE = "phub server optimizer state"  # the key of a saved server-side state
 log = logging.getLogger(__name__)
 
 # MXNet optimizers the server runs itself, with the phub optimizer that computes the same update.
@@ -249,20 +251,40 @@ class PHub(KVStoreBase):
 
     # -- optimizer state ------------------------------------------------------------------
     def save_optimizer_states(self, fname, dump_optimizer=False) -> None:
-        """Save the worker-side updater's state; NotImplementedError when the optimizer runs on
-        the server (its momentum lives there and PHub has no call to read it back yet)."""
+        """Save the optimizer state to `fname` (atomically): with the optimizer on the server,
+        every key's momentum as the server holds it after this worker's last pushpull (see
+        `Client.optimizer_state`; blocks for one round trip); with a worker-side optimizer, the
+        MXNet updater's own states."""
         if self._updater is None:
-            raise NotImplementedError("the optimizer state lives on the phub server, which cannot "
-                                      "export it yet; save the weights instead")
-        with open(fname, "wb") as f:
-            f.write(self._updater.get_states(dump_optimizer))
+            state = self._client.optimizer_state()
+            mine = {key: state[self._key(key)] for key in self._inits}
+            payload = pickle.dumps({SERVER_STATE: mine})
+        else:
+            payload = self._updater.get_states(dump_optimizer)
+        atomic_write(fname, lambda path: path.write_bytes(payload))
 
     def load_optimizer_states(self, fname) -> None:
-        """Load a state saved by `save_optimizer_states` (worker-side optimizers only)."""
-        if self._updater is None:
-            raise NotImplementedError("the optimizer state lives on the phub server, which cannot import it")
+        """Load a state saved by `save_optimizer_states`. A server-side state goes to the server
+        (rank 0's call takes effect; call it after the keys' init and before their next push,
+        as Gluon's Trainer.load_states does); ConfigError for a file of the other kind or a key
+        this store has not initialized."""
         with open(fname, "rb") as f:
             states = f.read()
+        try:
+            server_state = pickle.loads(states).get(SERVER_STATE) if states[:1] == b"\x80" else None
+        except (pickle.UnpicklingError, EOFError, AttributeError):
+            server_state = None
+        if server_state is not None:
+            if self._updater is not None:
+                raise ConfigError(f"{fname} holds the phub server's optimizer state, but {type(self._optimizer).__name__} "
+                                  "runs on the workers")
+            unknown = [key for key in server_state if key not in self._inits]
+            if unknown:
+                raise ConfigError(f"{fname}: keys {unknown} were not initialized in this store")
+            self._client.load_optimizer_state({self._key(k): v for k, v in server_state.items()})
+            return
+        if self._updater is None:
+            raise ConfigError(f"{fname} does not hold the phub server's optimizer state (the optimizer runs there)")
         try:
             self._updater.set_states(states)
         except (pickle.UnpicklingError, EOFError) as exc:

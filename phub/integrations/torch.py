@@ -36,6 +36,7 @@ from ._common import ensure_optimizer
 __all__ = ["init_process_group", "PHubHookState", "phub_hook", "register_hook", "ServerOptimizer"]
 
 _store_keys = itertools.count()
+MOMENTUM = "phub_momentum"  # ServerOptimizer.state_dict: a parameter's momentum on the server
 
 
 def init_process_group(client: Client, backend: str = "gloo", timeout: float = 300.0) -> None:
@@ -181,6 +182,22 @@ class ServerOptimizer(torch.optim.Optimizer):
         kind = optim.NAG if group["nesterov"] else optim.SGD
         return kind(learning_rate=float(group["lr"]), momentum=float(group["momentum"]),
                     wd=float(group["weight_decay"]), rescale_grad=rescale)
+
+    def state_dict(self) -> dict:
+        """torch's optimizer state dict, with each parameter's momentum as the server holds it
+        after this worker's last step (`state[i]["phub_momentum"]`; `Client.optimizer_state`,
+        one round trip), for a checkpoint beside the model's own."""
+        server = self.client.optimizer_state()
+        for p, key in self._keys.items():
+            self.state[p][MOMENTUM] = torch.from_numpy(server[key].reshape(p.shape).copy())
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a `state_dict()` and hand its momenta to the server (rank 0's take effect);
+        call it before the next step."""
+        super().load_state_dict(state_dict)
+        self.client.load_optimizer_state({key: self.state[p][MOMENTUM].detach().cpu().numpy()
+                                          for p, key in self._keys.items() if MOMENTUM in self.state[p]})
 
     @torch.no_grad()
     def step(self, closure=None):
