@@ -20,13 +20,14 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Dict, Hashable, List, Mapping, Optional
+from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
-from . import exiting, messages, wire
+from . import exiting, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .clientloop import ClientLoop
+from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .handle import Handle
@@ -39,22 +40,13 @@ except ImportError:  # not built: every frame takes the Python path
     drain_results = None
 
 DEFAULT_TIMEOUT = 300.0
-MAX_SHARE_BYTES = 1 << 20  # a shared value's JSON (see Client.share)
 
 # The environment `phub launch` gives every worker (and `phub.connect()` reads).
 ENV_SERVER, ENV_RANK, ENV_WORKERS = "PHUB_SERVER", "PHUB_RANK", "PHUB_NUM_WORKERS"
 ENV_JOB, ENV_TOKEN, ENV_TIMEOUT = "PHUB_JOB", "PHUB_TOKEN", "PHUB_TIMEOUT"
 
 
-def _as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
-    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
-        raise ConfigError(f"{name} for key {key!r} must be a C-contiguous float32 numpy array")
-    if size is not None and array.size != size:
-        raise ConfigError(f"{name} for key {key!r} has {array.size} elements, the key was registered with {size}")
-    return array.reshape(-1)
-
-
-class Client(ClientLoop):
+class Client(ClientLoop, SideChannels):
     """A worker's connection to a PHub server (one per process)."""
 
     def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
@@ -182,7 +174,7 @@ class Client(ClientLoop):
         for key, _ in pairs:
             if isinstance(key, bool) or not isinstance(key, (int, str)):
                 raise ConfigError(f"keys must be int or str, got {key!r}")
-        arrays = {key: _as_float32("init value", key, value) for key, value in pairs}
+        arrays = {key: as_float32("init value", key, value) for key, value in pairs}
         self._check_failed()
         batch = len(self.plan.batches)
         new = self.plan.add_arrays([(key, arr.shape) for key, arr in arrays.items()])
@@ -236,9 +228,9 @@ class Client(ClientLoop):
         first waits for the previous one."""
         chunks = self.plan.key_chunks(key)
         size = self.plan.key_size(key)
-        grad_flat = _as_float32("gradient", key, grad, size)
+        grad_flat = as_float32("gradient", key, grad, size)
         out = grad if out is None else out
-        out_flat = _as_float32("output", key, out, size)
+        out_flat = as_float32("output", key, out, size)
         previous = self._inflight.get(key)
         if previous is not None and not previous.done():
             previous.wait()
@@ -269,74 +261,6 @@ class Client(ClientLoop):
         if timeout is not None:
             check_timeout(timeout)  # before anything is pushed
         return self.pushpull_async(key, grad, out).wait(timeout)
-
-    def optimizer_state(self, timeout: Optional[float] = None) -> Dict[Hashable, np.ndarray]:
-        """The server's optimizer state of every registered key, for a checkpoint: the momentum
-        of NAG (or of SGD with momentum), float32 and flat, zeros where there is none. Waits for
-        this worker's pushpulls, then asks each lane's server core (at most `timeout` in all,
-        default the client's); the state is the one after the last round this worker pushed.
-        Any worker may call it (with two-phase reduction its rack's server answers with its
-        copy, the same on every rack). Raises PHubTimeout or JobFailed."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else check_timeout(timeout))
-        self.wait_all(timeout)
-        self._check_failed()
-        keys = [key for batch in self.plan.batches for key, _ in batch]
-        states = {key: np.zeros(self.plan.key_size(key), np.float32) for key in keys}
-        handle = Handle(self, len(self.plan.chunks), states, "optimizer_state", [c.id for c in self.plan.chunks])
-        for c in self.plan.chunks:
-            self._expect_state[c.id] = (memoryview(states[c.key][c.offset:c.offset + c.size]).cast("B"), handle)
-        self._to_all_lanes(wire.control_frame(wire.Kind.STATE_REQUEST, self.job_id, self.rank, {}))
-        return handle.wait(max(deadline - time.monotonic(), 0.001))
-
-    def load_optimizer_state(self, states: Mapping[Hashable, np.ndarray]) -> None:
-        """Resume from a checkpoint: set the server's optimizer state of the keys in `states`
-        (as `optimizer_state` returned it). Like `set_optimizer`, only the server's first
-        worker's call takes effect (rank 0, or each rack's first rank); every worker may call
-        it. Call it after `init` and `set_optimizer` and before the keys' next pushpull: it
-        travels ahead of them. Does not block; ConfigError for an unknown key or a wrong size."""
-        flat = {key: _as_float32("optimizer state", key, np.ascontiguousarray(value, dtype=np.float32),
-                                 self.plan.key_size(key)).copy() for key, value in states.items()}
-        self._check_failed()
-        if not self._leader:
-            return
-        frames = []
-        for key, values in flat.items():
-            for c in self.plan.key_chunks(key):
-                header = wire.pack_header(wire.Kind.STATE, self.job_id, self.rank, c.id, 0, c.nbytes)
-                frames.append((self._links[c.lane], header, memoryview(values[c.offset:c.offset + c.size]).cast("B")))
-        self._submit(frames)
-
-    def share(self, name: str, value=None, timeout: Optional[float] = None):
-        """Rank 0's `value` for `name`, on every worker of the job: a rendezvous for what is not
-        a tensor (a port, a run's metadata). Rank 0 passes the value (anything JSON can carry,
-        up to 1 MB encoded); every worker, rank 0 included, blocks until the server has handed
-        it out (at most `timeout`, default the client's) and gets it back decoded. Each name
-        is shared once per job; the others may ask before or after rank 0 shares. Raises
-        ConfigError for a bad name or value, PHubTimeout, or JobFailed."""
-        if not isinstance(name, str) or not 0 < len(name) <= messages.MAX_SHARE_NAME:
-            raise ConfigError(f"share: the name must be a string of 1..{messages.MAX_SHARE_NAME} characters, "
-                              f"got {name!r}")
-        frame = None
-        if self.rank == 0:
-            try:
-                frame = wire.control_frame(wire.Kind.SHARE, self.job_id, self.rank, {"name": name, "value": value})
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"share {name!r}: the value cannot be sent as JSON: {exc}") from None
-            if len(frame) > wire.HEADER_BYTES + MAX_SHARE_BYTES:
-                raise ConfigError(f"share {name!r}: the value is {len(frame) - wire.HEADER_BYTES} bytes as JSON "
-                                  f"(at most {MAX_SHARE_BYTES})")
-        self._check_failed()
-        with self._lock:  # the I/O thread files arriving values under it (ClientLoop._on_frame)
-            if frame is not None and name in self._share_waiters:
-                raise ConfigError(f"share {name!r}: rank 0 shared this name already")
-            handle = self._share_waiters.get(name)
-            if handle is None:
-                handle = self._share_waiters[name] = Handle(self, 0 if name in self._shared else 1, None,
-                                                            f"share of {name!r}", [])
-        if frame is not None:
-            self._submit([(self._links[0], frame)])
-        handle.wait(timeout)
-        return self._shared[name]
 
     def wait_all(self, timeout: Optional[float] = None) -> None:
         """Block until every pushpull issued so far is done: at most `timeout` in all (default
