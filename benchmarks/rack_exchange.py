@@ -24,17 +24,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.models import load_model, scaled  # noqa: E402
+from experiments.models import PAPER_CHUNK_BYTES, chunks_per_worker, load_model, scaled, scaled_chunk  # noqa: E402
 from experiments.runner import Options, run_exchange  # noqa: E402
 from phub.cluster.rackspec import load_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_CHUNK_BYTES = 32768  # the paper's key chunk (32 KB, 8,192 float32)
-
-
-def paper_equivalent_chunk(model_scale: float) -> int:
-    """The chunk size that cuts a model divided by `model_scale` into the paper's chunk count."""
-    return max(4, int(PAPER_CHUNK_BYTES / model_scale) // 4 * 4)
 
 
 def main() -> int:
@@ -50,8 +44,8 @@ def main() -> int:
                         help="phub's chunk size (default: 32 KB / the spec's model scale, the paper's chunk count)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
-    chunk_bytes = args.chunk_bytes or paper_equivalent_chunk(spec.scale_model)
-    chunks = sum(-(-a.elements // (chunk_bytes // 4)) for a in scaled(load_model(args.model), {"model": spec.scale_model, "time": 1}).arrays)
+    chunk_bytes = args.chunk_bytes or scaled_chunk(PAPER_CHUNK_BYTES, spec.scale_model)
+    chunks = chunks_per_worker(scaled(load_model(args.model), {"model": spec.scale_model, "time": 1}), chunk_bytes)
     workers = spec.num_workers
     started = time.perf_counter()
     rows = {"phub": [], "gloo-ring": []}

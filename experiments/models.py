@@ -147,6 +147,21 @@ def scaled(model: Model, scale: Optional[dict]) -> Model:
     return dataclasses.replace(model, arrays=arrays, profile=profile)
 
 
+PAPER_CHUNK_BYTES = 32768  # the paper's key chunk (32 KB, 8,192 float32)
+
+
+def scaled_chunk(paper_bytes: float, s_m: float) -> int:
+    """The real chunk that a paper-equivalent chunk of `paper_bytes` becomes when models are
+    divided by s_m: whole float32 elements, at least one, rounded down (never fewer chunks)."""
+    return max(4, int(paper_bytes / s_m / 4) * 4)
+
+
+def chunks_per_worker(model: Model, chunk_bytes: int) -> int:
+    """How many chunks one worker pushes per exchange of `model` (every array cut at chunk_bytes)."""
+    per_chunk = max(1, chunk_bytes // 4)
+    return sum(math.ceil(a.elements / per_chunk) for a in model.arrays)
+
+
 def compute_schedule(model: Model, compute: str) -> Tuple[List[float], List[float]]:
     """Seconds of forward and of backward per layer (forward order) for `compute` = zero | replay.
 

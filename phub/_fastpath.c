@@ -38,6 +38,14 @@ le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* Whether the header at h starts a frame of `kind` from `sender` in `job` (magic, version, kind,
+ * job, sender: the fields both loops check alike; each checks chunk, iteration and length itself). */
+static inline int
+frame_from(const unsigned char *h, int kind, uint32_t job, uint32_t sender)
+{
+    return memcmp(h, "PHUB", 4) == 0 && h[4] == 1 && h[5] == kind && le32(h + 8) == job && le32(h + 12) == sender;
+}
+
 /* An int attribute of `obj`, or -1 with an exception set. */
 static long long
 get_int(PyObject *obj, PyObject *name)
@@ -187,8 +195,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         const unsigned char *h = base + start;
         /* magic, version, kind, flags, job, sender, chunk, iteration, length, reserved */
         uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
-        if (memcmp(h, "PHUB", 4) != 0 || h[4] != 1 || h[5] != KIND_PUSH || le32(h + 8) != job ||
-            le32(h + 12) != sender || chunk >= (uint32_t)chunks || chunk >= (uint32_t)listed) {
+        if (!frame_from(h, KIND_PUSH, job, sender) || chunk >= (uint32_t)chunks || chunk >= (uint32_t)listed) {
             stopped_at_frame = 1;
             break;
         }
@@ -276,8 +283,7 @@ fp_drain_results(PyObject *self, PyObject *args)
     while (end - start >= HEADER_BYTES) {
         const unsigned char *h = base + start;
         uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
-        if (memcmp(h, "PHUB", 4) != 0 || h[4] != 1 || h[5] != KIND_RESULT || le32(h + 8) != job ||
-            le32(h + 12) != SERVER_SENDER || chunk >= (uint32_t)chunks || rows[2 * chunk] != lane ||
+        if (!frame_from(h, KIND_RESULT, job, SERVER_SENDER) || chunk >= (uint32_t)chunks || rows[2 * chunk] != lane ||
             (uint32_t)rows[2 * chunk + 1] != length) {
             stopped_at_frame = 1;
             break;

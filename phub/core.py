@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-import numpy as np
-
 from . import messages, wire
 from .aggregation import ChunkState, JobState, ReadyLane, Result
 from .config import Endpoint, ServerConfig
@@ -227,9 +225,9 @@ class Core(Admission, RackLinks):
             pass  # a checkpointed momentum, already in place (JobState.state_target)
         elif kind is wire.Kind.STATE_REQUEST:
             for state in job.state.lane_states(peer.lane):  # copies: a round may complete before they leave
-                mom = state.mom if state.mom is not None else np.zeros_like(state.weight)
+                mom = state.mom.tobytes() if state.mom is not None else bytes(state.chunk.nbytes)
                 link.send(wire.pack_header(wire.Kind.STATE, job.spec.job_id, wire.SERVER_SENDER, state.chunk.id,
-                                           state.rounds, state.chunk.nbytes), mom.tobytes())
+                                           state.rounds, state.chunk.nbytes), mom)
         elif kind is wire.Kind.SHARE:
             if peer.rank != 0 or peer.lane != 0:
                 raise ProtocolError(f"SHARE frame from rank {peer.rank} on lane {peer.lane}: only rank 0 shares, "

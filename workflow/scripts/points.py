@@ -26,11 +26,12 @@ import hashlib
 import json
 from typing import Dict, Iterator, List
 
+from experiments.models import PAPER_CHUNK_BYTES, scaled_chunk
+
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
 DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
 DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes (unless rack.chunk_bytes_paper is set)
-PAPER_CHUNK_BYTES = 32768
 # What makes two points the same measurement (everything but where it is filed).
 MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
                     "variant", "network", "rack", "repeats", "iterations", "warmup", "verify", "hostfile")
@@ -52,12 +53,6 @@ def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps
               if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper")}  # preflight, port, queueing
     rack.update(passed, scale=_scale(config, gbps, model_scale))
     return rack
-
-
-def scaled_chunk(paper_bytes: float, s_m: float) -> int:
-    """The real chunk that a paper-equivalent chunk of `paper_bytes` becomes when models are
-    divided by s_m: whole float32 elements, at least one, rounded down (never fewer chunks)."""
-    return max(4, int(paper_bytes / s_m / 4) * 4)
 
 
 def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict:

@@ -4,7 +4,6 @@ Kept apart from the runner so the columns are defined once (analysis.results rea
 """
 from __future__ import annotations
 
-import math
 import platform
 import subprocess
 
@@ -25,11 +24,10 @@ def git_commit() -> str:
 
 
 def chunks_per_worker(model: str, scale, chunk_bytes: int) -> int:
-    """How many chunks one worker pushes per exchange (every array cut at chunk_bytes)."""
-    from experiments.models import load_model, scaled
+    """How many chunks one worker pushes per exchange of `model` as `scale` shrinks it."""
+    from experiments import models
 
-    per_chunk = max(1, chunk_bytes // 4)
-    return sum(math.ceil(a.elements / per_chunk) for a in scaled(load_model(model), scale).arrays)
+    return models.chunks_per_worker(models.scaled(models.load_model(model), scale), chunk_bytes)
 
 
 def _host_rate(extra: dict, key: str) -> float:
