@@ -69,6 +69,7 @@ class Client(ClientLoop, SideChannels):
         self._inflight: Dict[Hashable, Handle] = {}
         self._commands: deque = deque()
         self._wake_pending = False
+        self._judging = False  # ClientLoop._lost_lane is reading the other lanes
         self._lock = threading.Lock()
         self._verbs = None  # the RDMA data path (rdma.worker.WorkerVerbs), if the server runs one
         self._optimizer_acks: Optional[Handle] = None

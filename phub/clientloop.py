@@ -7,11 +7,16 @@ every waiting handle with `JobFailed` naming the cause. Mixed into `phub.client.
 """
 from __future__ import annotations
 
+import select
+import time
 from typing import List
 
 from . import messages, wire
 from .errors import JobFailed, PHubError, ProtocolError
 from .transport import Link, LinkClosed, flush_links
+
+
+_JUDGE_S = 1.0  # how long a failing worker waits for its other lanes to say how they ended
 
 
 class ClientLoop:
@@ -76,7 +81,11 @@ class ClientLoop:
             if handle is not None and not handle.done():
                 handle._arrived()
         elif kind is wire.Kind.ERROR:
-            raise JobFailed(frame.json().get("message", "the server reported an error"))
+            message = frame.json().get("message", "the server reported an error")
+            lost = self._lost_lane(besides=link)
+            if lost:  # the root cause: a core died, and a sibling core reported what followed
+                raise JobFailed(f"lost the phub server ({lost}); the server then reported: {message}")
+            raise JobFailed(message)
         else:
             raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
 
@@ -106,6 +115,33 @@ class ClientLoop:
             self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
         except Exception as exc:  # a bug: fail loudly rather than hang the caller
             self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
+
+    def _lost_lane(self, besides: Link) -> str:
+        """After one core's ERROR, read the other lanes until each ends (an ERROR frame, or the
+        connection), for at most `_JUDGE_S`: the first one that broke without an ERROR, as
+        'lane N <why>', or '' if none did. A core killed outright sends nothing, and its close can
+        sit behind the results it had queued, so a sibling core's ERROR about the workers it took
+        down can arrive first; every live core ends a failed job with an ERROR of its own."""
+        if self._judging:  # an ERROR met while reading the other lanes: that lane ended properly
+            return ""
+        self._judging = True
+        pending = [link for link in self._links if link is not besides and not link.closed]
+        deadline = time.monotonic() + _JUDGE_S
+        try:
+            while pending and time.monotonic() < deadline:
+                readable, _, _ = select.select([link.sock for link in pending], [], [],
+                                               max(0.0, deadline - time.monotonic()))
+                for link in [link for link in pending if link.sock in readable]:
+                    try:
+                        link.on_readable()
+                        continue
+                    except LinkClosed as exc:
+                        return f"lane {self._links.index(link)} {exc}"
+                    except (JobFailed, ProtocolError, OSError):
+                        pending.remove(link)
+            return ""
+        finally:
+            self._judging = False
 
     def _salvage(self) -> None:
         """After a broken connection, read what the server sent before closing it: usually an

@@ -261,6 +261,18 @@ def run_with_restarts(command: Sequence[str], num_workers: int, config: Optional
     return result
 
 
+def _blame(failed: List[Tuple[int, int]]) -> str:
+    """Name the worker whose failure came first among those seen in one poll: one killed by a
+    signal over one that exited with an error, as the others exit when the server tells them a
+    worker was lost."""
+    rank, code = min(failed, key=lambda item: (item[1] > 0, item[0]))
+    message = f"rank {rank} exited with status {code}"
+    if code < 0:
+        message += f" ({signal.Signals(-code).name})" if -code in signal.valid_signals() else ""
+    others = sorted(r for r, _ in failed if r != rank)
+    return message + (f"; rank(s) {others} failed with it" if others else "")
+
+
 def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Popen], joins: _Joins,
                timeout: float) -> JobResult:
     """Wait for the workers, then the servers; stop at the first failure, or when a worker has not
@@ -274,6 +286,7 @@ def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Po
         return result
 
     while running:
+        failed = []
         for rank, proc in list(running.items()):
             code = proc.poll()
             if code is None:
@@ -281,8 +294,10 @@ def _supervise(workers: List[subprocess.Popen], servers: Dict[str, subprocess.Po
             del running[rank]
             result.worker_status[rank] = code
             if code != 0:
-                result.status, result.failed = 1, f"rank {rank} exited with status {code}"
-                return result
+                failed.append((rank, code))
+        if failed:
+            result.status, result.failed = 1, _blame(failed)
+            return result
         for name, proc in servers.items():
             code = proc.poll()
             if code not in (None, 0):
