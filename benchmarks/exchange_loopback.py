@@ -58,7 +58,7 @@ def main() -> int:
           f"x {args.iterations} iterations:")
     print(f"{'system':15s} {'s/iteration':>12s} {'exchanges/s':>12s} {'phub/system':>12s}")
     for s in systems:
-        print(f"{s:15s} {seconds[s]:12.4f} {1 / seconds[s]:12.2f} {seconds['phub'] / seconds[s]:12.3f}")
+        print(f"{s:15s} {seconds[s]:12.4f} {args.workers / seconds[s]:12.2f} {seconds['phub'] / seconds[s]:12.3f}")
     summary = {"benchmark": "exchange_loopback", "model": args.model, "workers": args.workers,
                "compute": args.compute, "iterations": args.iterations, "repeats": args.repeats,
                "seconds": {s: round(v, 5) for s, v in seconds.items()}}

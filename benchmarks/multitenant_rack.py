@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--time-limit", type=float, default=300.0, help="seconds each run may take (default 300)")
     args = parser.parse_args()
     started = time.perf_counter()
     alone, together = [], {1: [], 2: []}
@@ -51,9 +51,9 @@ def main() -> int:
         for repeat in range(args.repeats):
             with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out:
                 alone.append(seconds_per_iteration(run_jobs(cluster, (1,), params, os.path.join(out, "alone"),
-                                                            args.timeout)[1]))
+                                                            args.time_limit)[1]))
                 both = {job: seconds_per_iteration(ranks) for job, ranks in
-                        run_jobs(cluster, (1, 2), params, os.path.join(out, "both"), args.timeout).items()}
+                        run_jobs(cluster, (1, 2), params, os.path.join(out, "both"), args.time_limit).items()}
             for job in both:
                 together[job].append(both[job])
             print(f"repeat {repeat}: job 1 alone {alone[-1] * 1e3:.1f} ms; together job 1 {both[1] * 1e3:.1f} ms, "

@@ -52,7 +52,7 @@ def main() -> int:
     for repeat in range(args.repeats):
         for system in rows:
             options = Options(compute="zero", network="emulated", spec=args.spec, cores=args.cores,
-                              interfaces=spec.pbox_interfaces, chunk_bytes=chunk_bytes)
+                              num_interfaces=spec.pbox_interfaces, chunk_bytes=chunk_bytes)
             row = run_exchange(system, args.model, workers, args.iterations, args.warmup, options=options, quiet=True)
             rows[system].append(row)
             print(f"repeat {repeat}: {system:10s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per exchange",

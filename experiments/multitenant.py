@@ -9,10 +9,10 @@ NICs running together a job needs max(1, W / K) times as long as alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,10 +20,11 @@ from typing import Dict, List, Sequence
 
 from phub.config import JobSpec, ServerConfig
 from phub.errors import PHubError
-from phub.launch import start_server, stop_processes, worker_env
+from phub.launch import run_job
 
 from .models import load_model, scaled
 from .monitor import Monitor, block, summarize
+from .runner import QUIET_TAIL_LINES
 from .worker import ENV_PARAMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,33 +32,28 @@ JOBS = ((1, "tenant-one"), (2, "tenant-two"))
 WORKER_CLASS = "experiments.systems.phub:PHubWorker"
 
 
-def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, timeout: float) -> Dict[int, List[dict]]:
-    """Run `jobs` (job ids) at once on one server on the PBox; {job id: its ranks' results}.
-    Blocks until every worker is done; raises PHubError naming a failed worker or job."""
+def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, time_limit: float) -> Dict[int, List[dict]]:
+    """Run `jobs` (job ids) at once on one server on the PBox (`phub.launch.run_job` with several
+    jobs); {job id: its ranks' results}. Blocks until every worker is done, at most `time_limit`
+    seconds; raises PHubError naming the failed worker or job, or the limit passing, followed by
+    the run's last output."""
     half = len(cluster.workers) // 2
-    config = ServerConfig(jobs=tuple(JobSpec(job, half, token) for job, token in JOBS if job in jobs),
-                          interfaces=cluster.servers[0].addresses, cores=1, once=True, timeout=timeout)
-    server, address = start_server(cluster.servers[0], config)
-    workers = []
-    try:
-        for index, (job, token) in enumerate(JOBS):
-            if job not in jobs:
-                continue
-            job_out = os.path.join(out_dir, f"job{job}")
-            os.makedirs(job_out, exist_ok=True)
-            for rank in range(half):
-                node = cluster.workers[index * half + rank]
-                env = dict(os.environ, PYTHONPATH=str(ROOT), **worker_env(address, rank, half, job, token, timeout),
-                           **{ENV_PARAMS: json.dumps(dict(params, out_dir=job_out))})
-                workers.append(subprocess.Popen(node.argv([sys.executable, "-m", "experiments.worker"]), env=env,
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                                start_new_session=True))
-        for proc in workers:
-            _, err = proc.communicate(timeout=timeout)
-            if proc.returncode != 0:
-                raise PHubError(f"a worker failed (status {proc.returncode}): {err.decode()[-2000:]}")
-    finally:
-        stop_processes(workers + [server])
+    specs = tuple(JobSpec(job, half, token) for job, token in JOBS if job in jobs)
+    config = ServerConfig(jobs=specs, cores=1, once=True, timeout=time_limit)
+    servers = cluster.servers[:1]
+    job_cluster = dataclasses.replace(cluster, servers=servers, workers=cluster.workers[:half * len(specs)])
+    job_env = {}
+    for spec in specs:
+        os.makedirs(os.path.join(out_dir, f"job{spec.job_id}"), exist_ok=True)
+        job_env[spec.job_id] = {ENV_PARAMS: json.dumps(dict(params, out_dir=os.path.join(out_dir, f"job{spec.job_id}")))}
+    with tempfile.TemporaryFile("w+", errors="replace") as output:
+        result = run_job([sys.executable, "-m", "experiments.worker"], half * len(specs), config, cluster=job_cluster,
+                         extra_env={"PYTHONPATH": str(ROOT)}, job_env=job_env, stdout=output, stderr=output,
+                         time_limit=time_limit)
+        if result.status != 0:
+            output.seek(0)
+            tail = "".join(output.readlines()[-QUIET_TAIL_LINES:])
+            raise PHubError(f"jobs {list(jobs)}: {result.failed}\n--- last output of the run ---\n{tail}")
     results = {}
     for job in jobs:
         ranks = [json.loads(Path(out_dir, f"job{job}", f"rank{r}.json").read_text()) for r in range(half)]
@@ -72,7 +68,7 @@ def seconds_per_iteration(ranks: List[dict]) -> float:
     return statistics.median(max(r["seconds"][i] for r in ranks) for i in range(len(ranks[0]["seconds"])))
 
 
-def run_tenants(rack, point: dict, log, timeout: float = 300.0) -> List[dict]:
+def run_tenants(rack, point: dict, log, time_limit: float = 300.0) -> List[dict]:
     """The multitenant point on `rack` (up): per repeat, job 1 alone, then both jobs at once.
     One runner-style row per job and run, with `variant` alone | shared, `job` and `share`."""
     cluster = rack.cluster
@@ -92,7 +88,7 @@ def run_tenants(rack, point: dict, log, timeout: float = 300.0) -> List[dict]:
             with tempfile.TemporaryDirectory(prefix="phub-tenants-") as out:
                 clock = os.path.join(out, "monitor.clock")
                 with Monitor(clock_file=clock) as monitor:
-                    results = run_jobs(cluster, jobs, dict(params, monitor_clock=clock), out, timeout)
+                    results = run_jobs(cluster, jobs, dict(params, monitor_clock=clock), out, time_limit)
             everyone = [r for job in jobs for r in results[job]]
             bound = summarize(monitor.samples, block(everyone, 0, point["iterations"]), os.cpu_count() or 1,
                               rates.get("host"), rates.get("pbox_nic"))

@@ -3,7 +3,7 @@
 A network function takes (system name, number of workers, options) and returns a
 `phub.cluster.Cluster` whose nodes fit the system's needs (`get_system(name).servers`):
 
-* "pbox":   one server node (phub: a PBox with `options.interfaces` interfaces, one per rack
+* "pbox":   one server node (phub: a PBox with `options.num_interfaces` interfaces, one per rack
             when `options.racks` > 1; pslite-central: its server and scheduler),
 * "shards": one server node per worker node (phub shards, or ps-lite servers),
 * "none":   worker nodes only; the cluster's (unused) server node is ignored.
@@ -29,11 +29,11 @@ from .systems import get_system
 def loopback_cluster(system: str, workers: int, options) -> Cluster:
     """Every node on this machine, told apart by 127.x.y.z addresses; no shaping."""
     servers = get_system(system).servers
-    if system != "phub":  # `interfaces` is the PBox's; the baselines use one address per node
+    if system != "phub":  # `num_interfaces` is the PBox's; the baselines use one address per node
         if options.racks != 1:
             raise ConfigError(f"--racks applies to --system phub only, not {system}")
         return loopback(workers, shards=workers if servers == "shards" else 0)
-    return loopback(workers, interfaces=options.interfaces, racks=options.racks)
+    return loopback(workers, interfaces=options.num_interfaces, racks=options.racks)
 
 
 @contextlib.contextmanager
@@ -68,7 +68,7 @@ def emulated_view(rack, system: str) -> Cluster:
 def hostfile_cluster(system: str, workers: int, options) -> Cluster:
     """Real machines named by the hostfile `options.spec` (see phub.cluster.hostfile): the run
     takes the first `workers` workers and, for phub, `options.racks` PBoxes with
-    `options.interfaces` addresses each. Roles go where the emulated rack puts them: phub on the
+    `options.num_interfaces` addresses each. Roles go where the emulated rack puts them: phub on the
     PBoxes, shards on the worker nodes, ps-lite's central server on the first PBox, gloo on the
     worker nodes only."""
     from phub.cluster.hostfile import load_hostfile, select
@@ -78,7 +78,7 @@ def hostfile_cluster(system: str, workers: int, options) -> Cluster:
     servers = get_system(system).servers
     if system != "phub" and options.racks != 1:
         raise ConfigError(f"--racks applies to --system phub only, not {system}")
-    cluster = select(load_hostfile(options.spec), workers, options.interfaces if system == "phub" else 1,
+    cluster = select(load_hostfile(options.spec), workers, options.num_interfaces if system == "phub" else 1,
                      options.racks)
     return cluster.sharded() if servers == "shards" else cluster
 

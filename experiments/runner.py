@@ -5,7 +5,8 @@ on it with `python -m experiments.worker` on every worker node, and turns the ra
 one row, the same for every system:
 
 system, model, workers, bytes_per_worker, iterations, warmup, seconds_per_iteration (median over
-the timed iterations of the slowest rank's time), seconds_per_iteration_all, exchanges_per_s,
+the timed iterations of the slowest rank's time), seconds_per_iteration_all, exchanges_per_s (of
+the whole job: `exchanges_per_s`),
 samples_per_s (workers x batch per GPU / seconds; null for synthetic layouts), batch_per_gpu,
 compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max_error, verify_kind
 ("oracle", or "workers_agree" with real compute; null without --verify), network,
@@ -53,16 +54,22 @@ class Options:
     network: str = "loopback"  # a key of experiments.network.NETWORKS
     spec: Optional[str] = None  # the network's description file (emulated rack)
     cores: int = 1  # phub: server processes per server node
-    interfaces: int = 1  # phub: each PBox's interfaces
+    num_interfaces: int = 1  # phub: each PBox's interfaces
     racks: int = 1  # phub on loopback: one PBox per rack (two-phase reduction)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # phub / pshard
     lanes_per_pair: int = 1  # phub / pshard
     transport: str = "tcp"  # phub / pshard: tcp | verbs | soft-verbs
     bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
-    timeout: float = 300.0  # seconds a run may take, and a blocking call may wait
+    time_limit: float = 300.0  # seconds the whole run may take; no wait inside it is longer
     variant: str = "full"  # breakdown experiment: full | no_optimizer | no_compute (compute removed)
     image_size: Optional[int] = None  # real compute: square image side (None: full on a GPU, smallest on a CPU)
     batch: Optional[int] = None  # real compute: samples per worker (None: the profile's on a GPU, 4 on a CPU)
+
+
+def exchanges_per_s(workers: int, seconds_per_iteration: float) -> float:
+    """The job's whole-model exchanges per second: every worker completes one exchange (pushes its
+    gradients, receives the new weights) per iteration. The one definition of the figure."""
+    return workers / seconds_per_iteration
 
 
 def run_exchange(system: str, model: str, workers: int, iterations: int, warmup: int = 1,
@@ -189,7 +196,7 @@ def _row(sut, model, workers, iterations, warmup, verify, options, cluster, rank
     return {
         "system": sut.name, "model": model.name, "workers": workers, "bytes_per_worker": nbytes,
         "iterations": iterations, "warmup": warmup, "seconds_per_iteration": median,
-        "seconds_per_iteration_all": timed, "exchanges_per_s": 1.0 / median,
+        "seconds_per_iteration_all": timed, "exchanges_per_s": exchanges_per_s(workers, median),
         "samples_per_s": workers * batch / median if batch else None, "batch_per_gpu": batch,
         "compute": options.compute, "variant": options.variant, **fields,
         "network": options.network, "cluster": dict(cluster.extra), **sut.describe(cluster, options),

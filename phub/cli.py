@@ -33,11 +33,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _timeout(text: str) -> float:
+def _seconds(text: str) -> float:
     from .config import check_timeout
 
     try:
-        return check_timeout(float(text), "the timeout")
+        return check_timeout(float(text), "the value")
     except (ValueError, ConfigError) as exc:
         raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ConfigError) else f"not a number: {text!r}")
 
@@ -63,8 +63,8 @@ def _job_bytes(text: str) -> int:
     return value
 
 
-def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> None:
-    parser.add_argument(*cores_flags, dest="cores", type=_positive_int, default=1,
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cores", type=_positive_int, default=1,
                         help="server processes, one per core (default 1)")
     parser.add_argument("--interfaces", type=_interfaces, default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
@@ -75,7 +75,7 @@ def _add_server_options(parser: argparse.ArgumentParser, *cores_flags: str) -> N
                         help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
     parser.add_argument("--lanes-per-pair", type=_positive_int, default=1,
                         help="connections per worker for each (interface, core) pair (default 1)")
-    parser.add_argument("--timeout", type=_timeout, default=300.0,
+    parser.add_argument("--timeout", type=_seconds, default=300.0,
                         help="seconds a job may stall, a worker may take to connect, and a blocking worker call "
                              "may wait before it fails (default 300)")
     parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
@@ -148,8 +148,9 @@ def cmd_bench_exchange(args) -> int:
     from experiments.runner import Options, run_exchanges, summary
 
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
-                      interfaces=args.interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes, lanes_per_pair=args.lanes_per_pair,
-                      bigarray_bound=args.bigarray_bound, timeout=args.timeout, variant=args.variant,
+                      num_interfaces=args.num_interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes,
+                      lanes_per_pair=args.lanes_per_pair, bigarray_bound=args.bigarray_bound,
+                      time_limit=args.time_limit, variant=args.variant,
                       image_size=args.image_size, batch=args.batch, transport=args.transport)
 
     def report(row: dict) -> None:  # as each repeat ends, so a long run shows progress
@@ -167,7 +168,7 @@ def cmd_selftest(args) -> int:
     from .kernels import FAST_AVAILABLE
 
     row = run_exchange("phub", "synthetic:2", workers=2, iterations=3, verify=True,
-                       options=Options(cores=2, timeout=60), quiet=True)
+                       options=Options(cores=2, time_limit=60), quiet=True)
     ok = row["verified"] and FAST_AVAILABLE
     print(json.dumps({"selftest": "ok" if ok else "failed", "fast_kernels": FAST_AVAILABLE,
                       "verified": row["verified"]}))
@@ -187,7 +188,7 @@ def cmd_hostfile(args) -> int:
     if args.from_slurm:
         import yaml
 
-        data = hostfile.from_slurm(args.pboxes, args.interfaces)
+        data = hostfile.from_slurm(args.pboxes, args.interface_regex)
         cluster = hostfile.parse_hostfile(data, "<from SLURM>")
         text = yaml.safe_dump(data, sort_keys=False)
         if args.out:
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     server = sub.add_parser("server", help="run a server alone (for clusters); prints a JSON 'ready' line")
-    _add_server_options(server, "--cores")
+    _add_server_options(server)
     server.add_argument("--job", action="append", default=[], metavar="ID:WORKERS[:TOKEN]",
                         help="a job to accept (repeatable); default: job 0 with --workers workers")
     server.add_argument("--workers", type=_positive_int, default=1, help="workers of the default job 0")
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start the whole job again after a failure, up to this many times (default 0); "
                              "workers read the start's number in PHUB_RESTART_COUNT and resume from their "
                              "own checkpoint")
-    _add_server_options(launch, "--server-cores", "--servers-cores")
+    _add_server_options(launch)
     _add_transport_option(launch)
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     launch.set_defaults(func=cmd_launch)
@@ -272,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     exchange.add_argument("--variant", default="full", choices=("full", "no_optimizer", "no_compute"),
                           help="breakdown experiment: run without the optimizer, or label a compute-free run")
     exchange.add_argument("--cores", type=_positive_int, default=1, help="phub: server processes per server node")
-    exchange.add_argument("--interfaces", "--interfaces-count", dest="interfaces", type=_positive_int, default=1,
+    exchange.add_argument("--num-interfaces", type=_positive_int, default=1,
                           help="phub: interfaces of each PBox (default 1; the other systems use one per node)")
     exchange.add_argument("--racks", type=_positive_int, default=1,
                           help="phub on loopback: one PBox per rack, two-phase reduction between them (default 1)")
@@ -284,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server`)")
     exchange.add_argument("--bigarray-bound", type=_positive_int, default=1000 * 1000,
                           help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
-    exchange.add_argument("--timeout", type=_timeout, default=300.0, help="seconds a run may take (default 300)")
+    exchange.add_argument("--time-limit", type=_seconds, default=300.0,
+                          help="seconds the whole run may take before it fails naming what still runs; "
+                               "no wait inside it is longer (default 300)")
     exchange.set_defaults(func=cmd_bench_exchange)
 
     selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")
@@ -301,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the nodes of the allocation this runs in (first PBoxes, then workers)")
     which.add_argument("--check", metavar="FILE", help="read a hostfile and list its nodes")
     hosts.add_argument("--pboxes", type=_positive_int, default=1, help="--from-slurm: PBox nodes, one per rack (default 1)")
-    hosts.add_argument("--interfaces", metavar="REGEX", default=None,
+    hosts.add_argument("--interface-regex", metavar="REGEX", default=None,
                        help="--from-slurm: use the interfaces whose name matches (default: all but loopback)")
     hosts.add_argument("--out", help="--from-slurm: write the hostfile here (default: stdout)")
     hosts.set_defaults(func=cmd_hostfile)

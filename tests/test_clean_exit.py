@@ -120,12 +120,3 @@ def test_launch_runs_python_with_its_own_interpreter(tmp_path):
                                text=True, timeout=60, cwd=ROOT).stdout
     help_text = " ".join(help_text.split())  # argparse wraps it to the terminal's width
     assert "`python` or `python3` runs with this phub's own interpreter" in help_text, help_text
-
-
-def test_launch_blames_the_worker_that_failed_first_among_those_seen_together():
-    from phub.launch import _blame
-
-    # rank 0 exits with an error because the server told it rank 1 was lost; rank 1 was killed
-    assert _blame([(0, 1), (1, -9)]) == "rank 1 exited with status -9 (SIGKILL); rank(s) [0] failed with it"
-    assert _blame([(2, 1), (1, 3)]) == "rank 1 exited with status 3; rank(s) [2] failed with it"
-    assert _blame([(3, 1)]) == "rank 3 exited with status 1"

@@ -23,7 +23,7 @@ def test_bench_exchange_resnet50_verifies():
     assert row["verified"] is True
     assert row["system"] == "phub" and row["model"] == "resnet50" and row["workers"] == 2
     assert row["bytes_per_worker"] == 102197944  # 4 x 25,549,486 parameters
-    assert row["seconds_per_iteration"] > 0 and abs(row["exchanges_per_s"] * row["seconds_per_iteration"] - 1) < 1e-9
+    assert row["seconds_per_iteration"] > 0 and abs(row["exchanges_per_s"] * row["seconds_per_iteration"] - 2) < 1e-9
 
 
 def test_bench_rejects_unknown_model_and_system():

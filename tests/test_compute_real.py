@@ -20,7 +20,7 @@ from phub.errors import ConfigError
 
 SIZE, BATCH, WORKERS, WARMUP, ITERATIONS = 32, 4, 2, 1, 3
 FORWARDS = WARMUP + ITERATIONS + 2  # the loop's iterations, plus the final forward
-OPTIONS = Options(compute="real", image_size=SIZE, batch=BATCH, timeout=120)
+OPTIONS = Options(compute="real", image_size=SIZE, batch=BATCH, time_limit=120)
 
 
 @pytest.fixture(scope="module")

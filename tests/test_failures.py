@@ -46,7 +46,7 @@ def test_killed_worker_stops_the_server_and_the_other_workers(tmp_path):
 def test_launch_runs_workers_with_rank_prefixed_output(tmp_path):
     params = {"sizes": [[100]], "steps": 2, "optimizer": None, "out_dir": str(tmp_path), "announce": True}
     env = dict(os.environ, PHUB_TEST=json.dumps(params))
-    run = subprocess.run([sys.executable, "-m", "phub", "launch", "-n", "2", "--server-cores", "2", "--",
+    run = subprocess.run([sys.executable, "-m", "phub", "launch", "-n", "2", "--cores", "2", "--",
                           sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "[rank 0] step 2" in run.stdout and "[rank 1] step 2" in run.stdout

@@ -92,14 +92,14 @@ def test_phub_hostfile_check_lists_the_nodes_or_names_the_fault(hosts_file, tmp_
 
 
 @pytest.mark.parametrize("system, extra", [
-    ("phub", ["--racks", "2", "--interfaces-count", "2"]),  # two-phase reduction across the two PBoxes
+    ("phub", ["--racks", "2", "--num-interfaces", "2"]),  # two-phase reduction across the two PBoxes
     ("pshard", []),
     ("gloo-ring", []),
 ])
 def test_an_exchange_on_the_hostfiles_nodes_verifies(hosts_file, system, extra):
     run = subprocess.run(PHUB + ["bench", "exchange", "--network", "hostfile", "--spec", str(hosts_file),
                                  "--system", system, "--model", "synthetic:2", "--workers", "4", "--iterations", "2",
-                                 "--verify", "--json", "--timeout", "120", *extra],
+                                 "--verify", "--json", "--time-limit", "120", *extra],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     row = json.loads(run.stdout.strip().splitlines()[-1])

@@ -38,7 +38,7 @@ def test_acceptance_resnet50_verifies(system):
     assert row["compute"] == "zero" and row["cluster"] == {} and row["network"] == "loopback"
     assert len(row["seconds_per_iteration_all"]) == 5
     seconds = row["seconds_per_iteration"]
-    assert seconds > 0 and abs(row["exchanges_per_s"] * seconds - 1) < 1e-9
+    assert seconds > 0 and abs(row["exchanges_per_s"] * seconds - 2) < 1e-9  # two workers
     assert abs(row["samples_per_s"] - 2 * 32 / seconds) < 1e-6  # resnet50: assumed batch 32 per GPU
 
 
@@ -46,7 +46,7 @@ def test_acceptance_resnet50_verifies(system):
 def test_compute_replay_small_model_verifies(system):
     """googlenet (28 MB, 0.10 s of paper-derived compute) with the compute replay."""
     row = run_exchange(system, "googlenet", workers=2, iterations=2, warmup=1, verify=True,
-                       options=Options(compute="replay", timeout=120), quiet=True)
+                       options=Options(compute="replay", time_limit=120), quiet=True)
     assert row["verified"] is True
     assert row["compute"] == "replay" and row["compute_provenance"] == "paper-derived"
     assert row["compute_seconds_per_iteration"] == pytest.approx(0.10)
@@ -82,7 +82,7 @@ def test_every_process_starts_through_a_cluster_node(tmp_path, monkeypatch, syst
     monkeypatch.setitem(network.NETWORKS, "logged",
                         lambda name, workers, options: _logged(network.loopback_cluster(name, workers, options), log))
     row = run_exchange(system, "synthetic:1", workers=2, iterations=1, warmup=0, verify=True,
-                       options=Options(network="logged", timeout=120), quiet=True)
+                       options=Options(network="logged", time_limit=120), quiet=True)
     assert row["verified"] is True and row["cluster"] == {"link_gbps": 1.5} and row["network"] == "logged"
     started = {}
     for line in open(log):
@@ -98,7 +98,7 @@ def test_every_process_starts_through_a_cluster_node(tmp_path, monkeypatch, syst
 def test_phub_two_racks_verifies():
     """`--racks 2`: one PBox per rack, two-phase reduction, the same oracle."""
     row = run_exchange("phub", "synthetic:1", workers=2, iterations=2, verify=True,
-                       options=Options(racks=2, interfaces=2, timeout=120), quiet=True)
+                       options=Options(racks=2, num_interfaces=2, time_limit=120), quiet=True)
     assert row["verified"] is True and row["racks"] == 2 and row["servers"] == 2 and row["interfaces"] == 2
 
 

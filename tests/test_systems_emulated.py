@@ -20,7 +20,7 @@ def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
     import yaml
     spec.write_text(yaml.safe_dump(SPEC))
     row = run_exchange(system, "resnet50", 2, 2, 1, verify=True,
-                       options=Options(network="emulated", spec=str(spec), interfaces=2), quiet=True)
+                       options=Options(network="emulated", spec=str(spec), num_interfaces=2), quiet=True)
     assert row["verified"] is True
     assert row["cluster"]["network"] == "emulated"
     measured = row["cluster"]["measured_mbit"]["host"]
@@ -41,7 +41,7 @@ def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp
     spec = tmp_path / "rack.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
     run = subprocess.run([sys.executable, "-m", "phub", "bench", "exchange", "--network", "emulated", "--spec",
-                          str(spec), "--interfaces", "2", "--workers", "2", "--model", "resnet50", "--iterations",
+                          str(spec), "--num-interfaces", "2", "--workers", "2", "--model", "resnet50", "--iterations",
                           "25", "--repeats", "2", "--verify", "--json"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

@@ -20,9 +20,11 @@ from typing import Dict, Sequence
 import numpy as np
 
 from phub.cluster import Cluster
+from phub.launch import free_port
+from phub.supervisor import Supervisor
 
 from . import System, WorkerSystem
-from ..procs import ProcessGroup, free_port
+
 
 ENV_MASTER, ENV_PORT, ENV_RANK, ENV_WORLD = "GLOO_MASTER_ADDR", "GLOO_MASTER_PORT", "GLOO_RANK", "GLOO_WORLD_SIZE"
 ENV_ADDR, ENV_TIMEOUT = "GLOO_NODE_ADDR", "GLOO_TIMEOUT"
@@ -39,12 +41,12 @@ class GlooRing(System):
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
         master = cluster.workers[0]
         common = {ENV_MASTER: master.addresses[0], ENV_PORT: str(free_port(master)),
-                  ENV_WORLD: str(len(cluster.workers)), ENV_TIMEOUT: str(options.timeout)}
-        with ProcessGroup(output) as group:
+                  ENV_WORLD: str(len(cluster.workers)), ENV_TIMEOUT: str(options.time_limit)}
+        with Supervisor() as group:
             for rank, node in enumerate(cluster.workers):
-                group.start(f"gloo rank {rank} on {node.name}", node, command,
-                            dict(env, **common, **{ENV_RANK: str(rank), ENV_ADDR: node.addresses[0]}), worker=True)
-            group.run(options.timeout)
+                group.start(f"gloo rank {rank} on {node.name}", node.argv(command), output=output,
+                            env=dict(env, **common, **{ENV_RANK: str(rank), ENV_ADDR: node.addresses[0]}))
+            group.run(options.time_limit)
 
 
 class GlooWorker(WorkerSystem):

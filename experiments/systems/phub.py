@@ -32,9 +32,9 @@ class PHubSystem(System):
 
         config = ServerConfig(jobs=(JobSpec(0, len(cluster.workers)),), cores=options.cores,
                               chunk_bytes=options.chunk_bytes, lanes_per_pair=options.lanes_per_pair,
-                              once=True, timeout=options.timeout, transport=options.transport)
+                              once=True, timeout=options.time_limit, transport=options.transport)
         job = run_job(list(command), len(cluster.workers), config, cluster=cluster, extra_env=env,
-                      stdout=output, stderr=output)
+                      stdout=output, stderr=output, time_limit=options.time_limit)
         if job.status != 0:
             raise PHubError(f"{self.name}: {job.failed}")
 

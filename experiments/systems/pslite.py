@@ -23,9 +23,11 @@ from typing import Dict, Sequence
 import numpy as np
 
 from phub.cluster import Cluster
+from phub.launch import free_port
+from phub.supervisor import Supervisor
 
 from . import System, WorkerSystem
-from ..procs import ProcessGroup, free_port
+
 
 BIGARRAY_BOUND = 1000 * 1000  # elements: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND
 
@@ -50,16 +52,16 @@ class PSLiteCentral(System):
             "PS_VERBOSE": "0",
         }
         service = [sys.executable, "-c", "import mxnet"]  # MXNet serves on import when DMLC_ROLE says so
-        with ProcessGroup(output) as group:
-            group.start("pslite scheduler", scheduler, service,
-                        dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=scheduler.addresses[0]), worker=False)
+        with Supervisor() as group:
+            group.start("pslite scheduler", scheduler.argv(service), service=True, output=output,
+                        env=dict(common, DMLC_ROLE="scheduler", DMLC_NODE_HOST=scheduler.addresses[0]))
             for s, node in enumerate(cluster.servers):
-                group.start(f"pslite server {s} on {node.name}", node, service,
-                            dict(common, DMLC_ROLE="server", DMLC_NODE_HOST=node.addresses[0]), worker=False)
+                group.start(f"pslite server {s} on {node.name}", node.argv(service), service=True, output=output,
+                            env=dict(common, DMLC_ROLE="server", DMLC_NODE_HOST=node.addresses[0]))
             for w, node in enumerate(cluster.workers):
-                group.start(f"pslite worker on {node.name}", node, command,
-                            dict(env, **common, DMLC_ROLE="worker", DMLC_NODE_HOST=node.addresses[0]), worker=True)
-            group.run(options.timeout)
+                group.start(f"pslite worker on {node.name}", node.argv(command), output=output,
+                            env=dict(env, **common, DMLC_ROLE="worker", DMLC_NODE_HOST=node.addresses[0]))
+            group.run(options.time_limit)
 
 
 class PSLiteShard(PSLiteCentral):

@@ -36,7 +36,7 @@ from tidy import COLUMNS, chunks_per_worker, git_commit, tidy_row  # noqa: E402
 
 def options_for(point: dict) -> Options:
     return Options(compute=point["compute"], network=point["network"], cores=point["cores"],
-                   interfaces=point["interfaces"], racks=point["racks"], chunk_bytes=point["chunk_bytes"],
+                   num_interfaces=point["interfaces"], racks=point["racks"], chunk_bytes=point["chunk_bytes"],
                    variant=point.get("variant") or "full", spec=point.get("hostfile"))
 
 

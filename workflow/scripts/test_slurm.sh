@@ -121,7 +121,7 @@ set -e
     || fail "phub hostfile --from-slurm in a one-node allocation: expected exit 2 naming the node, got $rc: $from_slurm"
 set +e
 placed=$(timeout 300 salloc --nodes=1 --time=5 "$VENV/bin/python" -m phub bench exchange --network hostfile \
-    --spec "$hosts" --system phub --workers 2 --interfaces-count 2 --model synthetic:2 --iterations 2 --verify --json 2>&1)
+    --spec "$hosts" --system phub --workers 2 --num-interfaces 2 --model synthetic:2 --iterations 2 --verify --json 2>&1)
 rc=$?
 set -e
 row=$(grep '^{' <<<"$placed" | tail -n 1)

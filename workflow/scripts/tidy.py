@@ -7,6 +7,8 @@ from __future__ import annotations
 import platform
 import subprocess
 
+from experiments.runner import exchanges_per_s
+
 COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
            "chunk_bytes_paper", "chunks_per_worker", "oversubscription", "network", "queueing", "setting",
            "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
@@ -60,8 +62,7 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
         "compute": point["compute"], "variant": result.get("variant") or point["variant"], "job": result.get("job", ""),
         "share": result.get("share", ""), "repeat": result.get("repeat", 0),
         "seconds_per_iteration": seconds,
-        # every worker completes one exchange per iteration: the rate of the whole job
-        "exchanges_per_s": result.get("workers", point["workers"]) / seconds,
+        "exchanges_per_s": exchanges_per_s(result.get("workers", point["workers"]), seconds),
         "samples_per_s": result.get("samples_per_s", ""), "bytes_per_worker": result["bytes_per_worker"],
         "verified": result.get("verified", False), "verify_kind": verify_kind,
         "bound": bound.get("bound", ""), "cpu_busy": _opt(bound.get("cpu_busy")),
