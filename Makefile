@@ -13,10 +13,11 @@ QUICK := results/quick
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_fastpath.c
+# The library (phub) and, beside it, the harness (lab/: experiments and analysis), both editable.
+$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_fastpath.c lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' -e ./lab
 	touch $(STAMP)
 
 # pyverbs (rdma-core's Python bindings, for the verbs transport) is the distribution's package,

@@ -35,15 +35,13 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.models import load_model  # noqa: E402
-from experiments.runner import run_exchanges  # noqa: E402
-from phub.fileio import write_json  # noqa: E402
-from phub.kernels import get_backend  # noqa: E402
+from experiments.models import load_model
+from experiments.runner import run_exchanges
+from phub.fileio import write_json
+from phub.kernels import get_backend
 
 ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
 TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)

@@ -18,12 +18,10 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.runner import Options, run_exchange  # noqa: E402
-from phub.fileio import write_json  # noqa: E402
-from experiments.systems import SYSTEMS  # noqa: E402
+from experiments.runner import Options, run_exchange
+from phub.fileio import write_json
+from experiments.systems import SYSTEMS
 
 
 def main() -> int:

@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.multitenant import run_jobs, seconds_per_iteration  # noqa: E402
-from phub.cluster.emulated import EmulatedRack  # noqa: E402
+from experiments.multitenant import run_jobs, seconds_per_iteration
+from experiments.rack.emulated import EmulatedRack
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,10 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from experiments.models import PAPER_CHUNK_BYTES, chunks_per_worker, load_model, scaled, scaled_chunk  # noqa: E402
-from experiments.runner import Options, run_exchange  # noqa: E402
-from phub.cluster.rackspec import load_spec  # noqa: E402
+from experiments.models import PAPER_CHUNK_BYTES, chunks_per_worker, load_model, scaled, scaled_chunk
+from experiments.runner import Options, run_exchange
+from experiments.rack.rackspec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""The `phub` command: server, launch, bench, selftest, doctor, rack, hostfile."""
+"""The `phub` command: server, launch, selftest, doctor, hostfile (the benchmarks and the emulated
+rack are the harness's: `python -m experiments`)."""
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,14 @@ def _interfaces(text: str):
     return items
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
     from .config import check_timeout
 
     try:
@@ -64,7 +65,7 @@ def _job_bytes(text: str) -> int:
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", type=_positive_int, default=1,
+    parser.add_argument("--cores", type=positive_int, default=1,
                         help="server processes, one per core (default 1)")
     parser.add_argument("--interfaces", type=_interfaces, default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
@@ -73,9 +74,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                         help="base port: core C listens on PORT+C on every interface (default 0: ephemeral)")
     parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
                         help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
-    parser.add_argument("--lanes-per-pair", type=_positive_int, default=1,
+    parser.add_argument("--lanes-per-pair", type=positive_int, default=1,
                         help="connections per worker for each (interface, core) pair (default 1)")
-    parser.add_argument("--timeout", type=_seconds, default=300.0,
+    parser.add_argument("--timeout", type=seconds, default=300.0,
                         help="seconds a job may stall, a worker may take to connect, and a blocking worker call "
                              "may wait before it fails (default 300)")
     parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
@@ -143,36 +144,10 @@ def cmd_launch(args) -> int:
     return result.status
 
 
-def cmd_bench_exchange(args) -> int:
-    # The systems under test, phub's baselines among them, live in the `experiments` package.
-    from experiments.runner import Options, run_exchanges, summary
-
-    options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
-                      num_interfaces=args.num_interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes,
-                      lanes_per_pair=args.lanes_per_pair, bigarray_bound=args.bigarray_bound,
-                      time_limit=args.time_limit, variant=args.variant,
-                      image_size=args.image_size, batch=args.batch, transport=args.transport)
-
-    def report(row: dict) -> None:  # as each repeat ends, so a long run shows progress
-        print(summary(row), file=sys.stderr if args.json else sys.stdout, flush=True)
-        if args.json:
-            print(json.dumps(row), flush=True)
-
-    run_exchanges(args.system, args.model, args.workers, args.iterations, args.warmup, args.verify, options,
-                  repeats=args.repeats, on_row=report)
-    return 0
-
-
 def cmd_selftest(args) -> int:
-    from experiments.runner import Options, run_exchange
-    from .kernels import FAST_AVAILABLE
+    from .selftest import main as selftest_main
 
-    row = run_exchange("phub", "synthetic:2", workers=2, iterations=3, verify=True,
-                       options=Options(cores=2, time_limit=60), quiet=True)
-    ok = row["verified"] and FAST_AVAILABLE
-    print(json.dumps({"selftest": "ok" if ok else "failed", "fast_kernels": FAST_AVAILABLE,
-                      "verified": row["verified"]}))
-    return 0 if ok else 1
+    return selftest_main()
 
 
 def cmd_doctor(args) -> int:
@@ -203,22 +178,25 @@ def cmd_hostfile(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line, `phub: error: ...` naming the option, exit status 2 (as a bad value)."""
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line, `COMMAND: error: ...` naming the option, exit status 2 (as a bad
+    value). Subparsers are made of the same class, so a subclass names its own command."""
+
+    command = "phub"
 
     def error(self, message: str):
-        self.exit(2, f"phub: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"{self.command}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="phub", description="PHub: a rack-scale parameter server")
+    parser = Parser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     server = sub.add_parser("server", help="run a server alone (for clusters); prints a JSON 'ready' line")
     _add_server_options(server)
     server.add_argument("--job", action="append", default=[], metavar="ID:WORKERS[:TOKEN]",
                         help="a job to accept (repeatable); default: job 0 with --workers workers")
-    server.add_argument("--workers", type=_positive_int, default=1, help="workers of the default job 0")
+    server.add_argument("--workers", type=positive_int, default=1, help="workers of the default job 0")
     server.add_argument("--once", action="store_true", help="exit when every job has ended")
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
@@ -233,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(whether or not it called close()), else non-zero naming the first failure. A CMD "
                     "whose first word is `python` or `python3` runs with this phub's own interpreter "
                     f"({sys.executable}), activated or not; give a path to run another.")
-    launch.add_argument("-n", "--workers", type=_positive_int, required=True, help="number of workers")
+    launch.add_argument("-n", "--workers", type=positive_int, required=True, help="number of workers")
     launch.add_argument("--max-restarts", type=int, default=0,
                         help="start the whole job again after a failure, up to this many times (default 0); "
                              "workers read the start's number in PHUB_RESTART_COUNT and resume from their "
@@ -243,54 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     launch.set_defaults(func=cmd_launch)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    exchange = bench.add_parser("exchange", help="time exchanges of a model's gradient layout on any system "
-                                                  "(phub or a baseline), with an optional compute replay")
-    exchange.add_argument("--system", default="phub",
-                          help="phub, pshard, pslite-central, pslite-shard or gloo-ring (default phub)")
-    exchange.add_argument("--model", default="resnet50", help="model layout, or synthetic:SIZE_MB")
-    exchange.add_argument("--workers", type=_positive_int, default=2)
-    exchange.add_argument("--iterations", type=_positive_int, default=10)
-    exchange.add_argument("--warmup", type=int, default=1)
-    exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
-    exchange.add_argument("--json", action="store_true", help="print each result row as JSON (one line per repeat, the last lines)")
-    exchange.add_argument("--repeats", type=_positive_int, default=1,
-                          help="blocks of --iterations timed iterations after one --warmup, in one start of the "
-                               "processes on one network (one emulated rack); one row (JSON line) each (default 1)")
-    exchange.add_argument("--compute", choices=("zero", "replay", "real"), default="zero",
-                          help="zero: exchanges only; replay: the model's GPU compute time, overlapped as in "
-                               "training; real: train the MXNet model zoo network on synthetic data (default zero)")
-    exchange.add_argument("--image-size", type=_positive_int, default=None,
-                          help="--compute real: image side in pixels (default: full size on a GPU, the "
-                               "smallest the model builds with on a CPU)")
-    exchange.add_argument("--batch", type=_positive_int, default=None,
-                          help="--compute real: samples per worker (default: the model's batch per GPU on a GPU, 4 on a CPU)")
-    exchange.add_argument("--network", default="loopback",
-                          help="where the nodes are: loopback (default), emulated (a rack spec as --spec) or "
-                               "hostfile (real machines, a hostfile as --spec)")
-    exchange.add_argument("--spec", default=None,
-                          help="the network's description file: a rack spec (emulated) or a hostfile (hostfile)")
-    exchange.add_argument("--variant", default="full", choices=("full", "no_optimizer", "no_compute"),
-                          help="breakdown experiment: run without the optimizer, or label a compute-free run")
-    exchange.add_argument("--cores", type=_positive_int, default=1, help="phub: server processes per server node")
-    exchange.add_argument("--num-interfaces", type=_positive_int, default=1,
-                          help="phub: interfaces of each PBox (default 1; the other systems use one per node)")
-    exchange.add_argument("--racks", type=_positive_int, default=1,
-                          help="phub on loopback: one PBox per rack, two-phase reduction between them (default 1)")
-    exchange.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
-                          help=f"phub, pshard: key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
-    exchange.add_argument("--lanes-per-pair", type=_positive_int, default=1,
-                          help="phub, pshard: connections per worker for each (interface, core) pair")
-    exchange.add_argument("--transport", choices=TRANSPORTS, default="tcp",
-                          help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server`)")
-    exchange.add_argument("--bigarray-bound", type=_positive_int, default=1000 * 1000,
-                          help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
-    exchange.add_argument("--time-limit", type=_seconds, default=300.0,
-                          help="seconds the whole run may take before it fails naming what still runs; "
-                               "no wait inside it is longer (default 300)")
-    exchange.set_defaults(func=cmd_bench_exchange)
-
-    selftest = sub.add_parser("selftest", help="a 2-worker exchange with verification on loopback")
+    selftest = sub.add_parser("selftest", help="check this installation: the C kernels, and a 2-worker job on "
+                                               "loopback whose results are compared with the closed form")
     selftest.set_defaults(func=cmd_selftest)
 
     doctor = sub.add_parser("doctor", help="what this machine can run: RDMA devices, interfaces, privileges, "
@@ -303,25 +235,28 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--from-slurm", action="store_true",
                        help="the nodes of the allocation this runs in (first PBoxes, then workers)")
     which.add_argument("--check", metavar="FILE", help="read a hostfile and list its nodes")
-    hosts.add_argument("--pboxes", type=_positive_int, default=1, help="--from-slurm: PBox nodes, one per rack (default 1)")
+    hosts.add_argument("--pboxes", type=positive_int, default=1, help="--from-slurm: PBox nodes, one per rack (default 1)")
     hosts.add_argument("--interface-regex", metavar="REGEX", default=None,
                        help="--from-slurm: use the interfaces whose name matches (default: all but loopback)")
     hosts.add_argument("--out", help="--from-slurm: write the hostfile here (default: stdout)")
     hosts.set_defaults(func=cmd_hostfile)
 
-    from .cluster.rackcli import add_parser as add_rack_parser
-
-    add_rack_parser(sub)
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_command(parser: Parser, argv: Optional[List[str]] = None) -> int:
+    """Parse `argv` and run the chosen command; its ConfigError exits 2, other phub and OS errors 1,
+    each as one line naming the command."""
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, PHubError, OSError) as exc:
-        print(f"phub: error: {exc}", file=sys.stderr)
+        print(f"{parser.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Start a PHub job: its server(s) and N copies of a worker command, on the nodes of a cluster.
 
-`run_job` is what `phub launch`, `phub bench` and the experiments use. Servers run as
+`run_job` is what `phub launch`, `phub selftest` and the harness's experiments use. Servers run as
 `phub server` processes on the cluster's server nodes (this machine by default); once each has
 printed its ready line, the workers start with the environment `phub.connect()` reads; one
 server may serve several jobs. It blocks until the job ends: every worker exited 0 (status 0), or

@@ -12,22 +12,23 @@ import numpy as np
 import pytest
 
 import phub
-from phub.cluster.rackspec import load_spec
+from experiments.rack.rackspec import load_spec
 from phub.errors import ConfigError, JobFailed
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
-def phub_cli(*args, timeout=60, env=None):
-    return subprocess.run([sys.executable, "-m", "phub", *args], capture_output=True, text=True, timeout=timeout,
+def phub_cli(*args, timeout=60, env=None, module="phub"):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env=env or ENV)
 
 
 def one_line_error(result, *words):
     assert result.returncode != 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("phub: error:")]
+    lines = [line for line in result.stderr.splitlines()
+             if line.startswith(("phub: error:", "python -m experiments: error:"))]
     assert len(lines) == 1, result.stderr
     for word in words:
         assert word in lines[0], lines[0]
@@ -61,12 +62,14 @@ def test_launch_says_at_once_when_the_workers_exit_without_connecting():
     (["server", "--timeout", "-1"], ["--timeout"]),
     (["server", "--peers", "127.0.0.1:46000,nohostport"], ["--peers", "nohostport"]),
     (["server", "--max-job-bytes", "10"], ["--max-job-bytes"]),
-    (["bench", "exchange", "--model", "synthetic:inf"], ["synthetic:inf"]),
-    (["bench", "exchange", "--model", "synthetic:nan"], ["synthetic:nan"]),
-    (["rack", "down", "--spec", "/nonexistent.yaml"], ["/nonexistent.yaml"]),
+    (["experiments", "bench", "exchange", "--model", "synthetic:inf"], ["synthetic:inf"]),
+    (["experiments", "bench", "exchange", "--model", "synthetic:nan"], ["synthetic:nan"]),
+    (["experiments", "rack", "down", "--spec", "/nonexistent.yaml"], ["/nonexistent.yaml"]),
 ])
 def test_bad_values_are_one_line_errors(args, words):
-    one_line_error(phub_cli(*args), *words)
+    """Of phub's commands and of the harness's (`python -m experiments ...`)."""
+    module = args.pop(0) if args[0] == "experiments" else "phub"
+    one_line_error(phub_cli(*args, module=module), *words)
 
 
 def test_a_non_utf8_hostfile_is_named(tmp_path):

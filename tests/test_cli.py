@@ -1,4 +1,4 @@
-"""The `phub` command as a user runs it."""
+"""The `phub` command as a user runs it, and the harness's `python -m experiments bench`."""
 import json
 import signal
 import subprocess
@@ -9,15 +9,16 @@ import numpy as np
 import phub
 
 PHUB = [sys.executable, "-m", "phub"]
+HARNESS = [sys.executable, "-m", "experiments"]
 
 
-def run(*args, timeout=300):
-    return subprocess.run(PHUB + list(args), capture_output=True, text=True, timeout=timeout)
+def run(*args, timeout=300, command=PHUB):
+    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout)
 
 
 def test_bench_exchange_resnet50_verifies():
     result = run("bench", "exchange", "--system", "phub", "--model", "resnet50", "--workers", "2",
-                 "--iterations", "5", "--verify", "--json")
+                 "--iterations", "5", "--verify", "--json", command=HARNESS)
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout.strip().splitlines()[-1])
     assert row["verified"] is True
@@ -27,9 +28,9 @@ def test_bench_exchange_resnet50_verifies():
 
 
 def test_bench_rejects_unknown_model_and_system():
-    result = run("bench", "exchange", "--model", "resnet51")
+    result = run("bench", "exchange", "--model", "resnet51", command=HARNESS)
     assert result.returncode == 2 and "unknown model 'resnet51'" in result.stderr
-    result = run("bench", "exchange", "--system", "nccl")
+    result = run("bench", "exchange", "--system", "nccl", command=HARNESS)
     assert result.returncode == 2 and "--system nccl" in result.stderr
 
 
@@ -37,6 +38,16 @@ def test_selftest():
     result = run("selftest")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == {"selftest": "ok", "fast_kernels": True, "verified": True}
+
+
+def test_the_selftests_oracle_is_the_closed_form():
+    from phub import selftest
+
+    size, workers, lr = 50, selftest.WORKERS, selftest.LEARNING_RATE
+    for step in range(selftest.STEPS):
+        # after steps 0..k every element i moved by lr * (1 + ... + (k+1)) * (1 + ... + W) * (i mod 7)
+        moved = lr * (step + 1) * (step + 2) / 2 * workers * (workers + 1) / 2 * (np.arange(size) % 7)
+        np.testing.assert_array_equal(selftest.expected_weights(size, step), (1 - moved).astype(np.float32))
 
 
 def test_standalone_server_serves_two_jobs_and_stops_on_sigterm():

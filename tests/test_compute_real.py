@@ -122,7 +122,7 @@ def test_unsupported_real_compute_is_refused(model, options, message):
 
 
 def test_cli_refuses_model_without_zoo_network():
-    result = subprocess.run([sys.executable, "-m", "phub", "bench", "exchange", "--compute", "real",
+    result = subprocess.run([sys.executable, "-m", "experiments", "bench", "exchange", "--compute", "real",
                              "--model", "googlenet"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "googlenet is not in MXNet's gluon model zoo" in result.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import phub
-from phub.cluster.emulated import EmulatedRack
+from experiments.rack.emulated import EmulatedRack
 from phub.launch import run_job
 from conftest import WORKER
 from test_exchange import assert_close, nag_oracle

@@ -11,6 +11,7 @@ from phub.cluster import hostfile
 from phub.errors import ConfigError
 
 PHUB = [sys.executable, "-m", "phub"]
+HARNESS = [sys.executable, "-m", "experiments"]
 # Two racks: a PBox with two addresses in each, two workers per rack; every address on loopback.
 HOSTS = {
     "launcher": "local",
@@ -97,7 +98,7 @@ def test_phub_hostfile_check_lists_the_nodes_or_names_the_fault(hosts_file, tmp_
     ("gloo-ring", []),
 ])
 def test_an_exchange_on_the_hostfiles_nodes_verifies(hosts_file, system, extra):
-    run = subprocess.run(PHUB + ["bench", "exchange", "--network", "hostfile", "--spec", str(hosts_file),
+    run = subprocess.run(HARNESS + ["bench", "exchange", "--network", "hostfile", "--spec", str(hosts_file),
                                  "--system", system, "--model", "synthetic:2", "--workers", "4", "--iterations", "2",
                                  "--verify", "--json", "--time-limit", "120", *extra],
                          capture_output=True, text=True, timeout=300)

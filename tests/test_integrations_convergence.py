@@ -1,4 +1,4 @@
-"""The convergence check (phub.integrations.convergence), as CI runs it: the full check, which
+"""The convergence check (experiments.convergence), as CI runs it: the full check, which
 must finish in under 3 minutes, and a check that its tolerance catches a small real error."""
 import csv
 
@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("mxnet", reason="mxnet is not installed (pip install -e '.[test]')")
 pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]')")
 
-from phub.integrations import convergence  # noqa: E402
-from phub.integrations.digits import FRAMEWORKS, curve  # noqa: E402
+from experiments import convergence  # noqa: E402
+from experiments.digits import FRAMEWORKS, curve  # noqa: E402
 
 BUDGET_S = 180  # the whole check: 3 frameworks x (1 process, 2 and 4 PHub workers)
 

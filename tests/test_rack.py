@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import phub
-from phub.cluster import netns, preflight, rackbuild, runstate
-from phub.cluster.emulated import EmulatedRack
-from phub.cluster.rackspec import load_spec
-from phub.cluster.topology import make_plan
+from experiments.rack import netns, preflight, rackbuild, runstate
+from experiments.rack.emulated import EmulatedRack
+from experiments.rack.rackspec import load_spec
+from experiments.rack.topology import make_plan
 from phub.errors import ConfigError
 from test_exchange import SIZES, assert_close, nag_oracle
 from test_topologies import STEPS, run
@@ -28,6 +28,7 @@ from test_topologies import STEPS, run
 SPECS = Path(__file__).resolve().parent.parent / "config" / "racks"
 TINY = {"racks": 1, "workers_per_rack": 1, "pbox_interfaces": 1, "scale": {"network": 100}, "preflight": False}
 PHUB = [sys.executable, "-m", "phub"]
+HARNESS = [sys.executable, "-m", "experiments"]
 NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
 
 privileged = pytest.mark.skipif(
@@ -61,7 +62,7 @@ def test_a_bad_value_in_a_spec_file_names_the_file_and_key(tmp_path):
     path.write_text("racks: 2\nworkers_per_rack: 2\npbox_interfaces: -1\n")
     with pytest.raises(ConfigError, match=r"rack\.yaml: 'pbox_interfaces' must be an integer in 1\.\.64, got -1"):
         load_spec(str(path))
-    result = subprocess.run(PHUB + ["rack", "up", "--spec", str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(HARNESS + ["rack", "up", "--spec", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "'pbox_interfaces'" in result.stderr
 
 
@@ -268,7 +269,7 @@ def test_teardown_leaves_no_namespace_bridge_or_process(rack):
 # -- crashes and signals ------------------------------------------------------------------------
 _CRASHING = """
 import json, subprocess, sys
-from phub.cluster.emulated import EmulatedRack
+from experiments.rack.emulated import EmulatedRack
 rack = EmulatedRack(json.loads(sys.argv[1]))
 cluster = rack.up()
 child = subprocess.Popen(cluster.workers[0].argv([sys.executable, "-c", "import time; time.sleep(120)"]),
@@ -312,10 +313,10 @@ def test_a_crashed_run_is_detected_as_stale_and_cleaned():
     assert set(info["namespaces"]) <= set(netns.list_namespaces())  # left behind
     stale = {r.run_id: r for r in runstate.load_runs() if r.stale}
     assert info["run_id"] in stale
-    status = subprocess.run(PHUB + ["rack", "status", "--json"], capture_output=True, text=True, timeout=60)
+    status = subprocess.run(HARNESS + ["rack", "status", "--json"], capture_output=True, text=True, timeout=60)
     row = next(r for r in json.loads(status.stdout)["runs"] if r["run_id"] == info["run_id"])
     assert row["stale"] and row["processes"] == 1
-    down = subprocess.run(PHUB + ["rack", "down", "--all-stale"], capture_output=True, text=True, timeout=60)
+    down = subprocess.run(HARNESS + ["rack", "down", "--all-stale"], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     assert not set(info["namespaces"]) & set(netns.list_namespaces())
     assert _gone(info["child"]), "the process inside the crashed run's namespace survived"
@@ -323,7 +324,7 @@ def test_a_crashed_run_is_detected_as_stale_and_cleaned():
 
 _SIGNALLED = """
 import json, sys
-from phub.cluster.emulated import EmulatedRack
+from experiments.rack.emulated import EmulatedRack
 with EmulatedRack(json.loads(sys.argv[1])) as cluster:
     print(json.dumps({"namespaces": [n.prefix[-1] for n in cluster.workers + cluster.servers]}), flush=True)
     sys.stdin.read()
@@ -356,7 +357,7 @@ def test_a_failed_preflight_names_the_link_and_removes_the_rack(monkeypatch):
 
 
 def test_an_unprivileged_user_gets_a_rack_in_a_user_namespace():
-    """As user nobody (no CAP_NET_ADMIN): `phub rack up --hold` re-runs itself in a user namespace."""
+    """As user nobody (no CAP_NET_ADMIN): `python -m experiments rack up --hold` re-runs itself in a user namespace."""
     # can nobody, in a user namespace (where phub re-runs itself), start this interpreter with phub?
     probe = subprocess.run(NOBODY + ["unshare", "--user", "--map-root-user", "sh", "-c", 'exec "$0" -c "import phub"',
                                      sys.executable], capture_output=True, timeout=60) if os.geteuid() == 0 else None
@@ -371,7 +372,7 @@ def test_an_unprivileged_user_gets_a_rack_in_a_user_namespace():
     spec.write_text(json.dumps(dict(TINY, preflight={"seconds": 0.3})))
     os.chmod(spec, 0o644)
     try:
-        proc = subprocess.Popen([*NOBODY, *PHUB, "rack",
+        proc = subprocess.Popen([*NOBODY, *HARNESS, "rack",
                                  "up", "--spec", str(spec), "--hold", "--json"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=where)
         ready, _, _ = select.select([proc.stdout], [], [], 60)

@@ -20,13 +20,13 @@ from experiments.systems import SYSTEMS, WorkerSystem
 from phub.cluster import Cluster, Node
 from phub.errors import ConfigError
 
-PHUB = [sys.executable, "-m", "phub"]
+HARNESS = [sys.executable, "-m", "experiments"]
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_acceptance_resnet50_verifies(system):
     """The issue's acceptance command, for every system."""
-    result = subprocess.run(PHUB + ["bench", "exchange", "--system", system, "--model", "resnet50", "--workers", "2",
+    result = subprocess.run(HARNESS + ["bench", "exchange", "--system", system, "--model", "resnet50", "--workers", "2",
                                     "--iterations", "5", "--verify", "--json"],
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -170,6 +170,6 @@ def test_bad_arguments_are_refused_before_anything_starts():
         run_exchange("gloo-ring", "synthetic:1", 2, 1, options=Options(racks=2))
     with pytest.raises(ConfigError, match="rack spec rack.yaml: cannot read it"):
         run_exchange("phub", "synthetic:1", 2, 1, options=Options(network="emulated", spec="rack.yaml"))
-    result = subprocess.run(PHUB + ["bench", "exchange", "--system", "nccl"], capture_output=True, text=True,
+    result = subprocess.run(HARNESS + ["bench", "exchange", "--system", "nccl"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "--system nccl" in result.stderr and "gloo-ring" in result.stderr

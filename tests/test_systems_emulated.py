@@ -29,7 +29,7 @@ def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
 
 
 def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp_path):
-    """`phub bench exchange --repeats 2`: one rack, built and measured once, one start of the
+    """`python -m experiments bench exchange --repeats 2`: one rack, built and measured once, one start of the
     processes, two verified rows (one per block of timed iterations) as JSON lines, each with
     what bounded it."""
     import json
@@ -40,7 +40,7 @@ def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp
 
     spec = tmp_path / "rack.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
-    run = subprocess.run([sys.executable, "-m", "phub", "bench", "exchange", "--network", "emulated", "--spec",
+    run = subprocess.run([sys.executable, "-m", "experiments", "bench", "exchange", "--network", "emulated", "--spec",
                           str(spec), "--num-interfaces", "2", "--workers", "2", "--model", "resnet50", "--iterations",
                           "25", "--repeats", "2", "--verify", "--json"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

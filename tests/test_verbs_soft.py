@@ -160,14 +160,14 @@ def test_two_jobs_share_a_server_over_rdma_writes(tmp_path):
 
 
 def test_bench_exchange_runs_phub_over_rdma_writes():
-    from test_cli import run
+    from test_cli import HARNESS, run
 
     result = run("bench", "exchange", "--system", "phub", "--model", "googlenet", "--workers", "2", "--cores", "2",
-                 "--iterations", "2", "--transport", "soft-verbs", "--verify", "--json")
+                 "--iterations", "2", "--transport", "soft-verbs", "--verify", "--json", command=HARNESS)
     assert result.returncode == 0, result.stderr
     row = json.loads(result.stdout.strip().splitlines()[-1])
     assert row["verified"] is True and row["transport"] == "soft-verbs"
-    result = run("bench", "exchange", "--network", "emulated", "--transport", "soft-verbs")
+    result = run("bench", "exchange", "--network", "emulated", "--transport", "soft-verbs", command=HARNESS)
     assert result.returncode == 2 and "one network namespace" in result.stderr
 
 

@@ -1,11 +1,15 @@
-"""One vocabulary: an option name means one thing in every `phub` command, and every option the
-README shows on a `phub` command line is one that command takes."""
+"""One vocabulary: an option name means one thing in every command (phub's and the harness's,
+`python -m experiments`), and every option the README shows on a command line is one that
+command takes."""
 import argparse
 import re
 from collections import defaultdict
 from pathlib import Path
 
+from experiments.cli import build_parser as build_harness_parser
 from phub.cli import build_parser
+
+HARNESS = "python -m experiments"
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,13 +23,18 @@ def _commands(parser: argparse.ArgumentParser, name: str = "phub"):
                 yield from _commands(subparser, f"{name} {sub}")
 
 
+def _all_commands():
+    yield from _commands(build_parser())
+    yield from _commands(build_harness_parser(), HARNESS)
+
+
 def _meaning(action: argparse.Action) -> tuple:
     return action.dest, type(action).__name__, getattr(action.type, "__name__", None), action.nargs
 
 
 def test_no_option_name_has_two_meanings_across_commands():
     meanings = defaultdict(dict)  # option string -> {meaning: commands}
-    for command, parser in _commands(build_parser()):
+    for command, parser in _all_commands():
         for action in parser._actions:
             for option in action.option_strings:
                 if option not in ("-h", "--help"):
@@ -39,22 +48,23 @@ def test_no_option_name_has_two_meanings_across_commands():
 
 
 def _readme_uses():
-    """(line number, command, option) for each --option written after `phub COMMAND` in the README,
-    up to the end of the command: a code span's end, a comment, `--` before the workers' CMD, a
-    table cell's end."""
-    pattern = re.compile(r"\bphub ((?:bench|rack) [a-z]+|[a-z]+)\b([^`#|]*)")
+    """(line number, command, option) for each --option written after `phub COMMAND` or `-m
+    experiments COMMAND SUBCOMMAND` in the README, up to the end of the command: a code span's
+    end, a comment, `--` before the workers' CMD, a table cell's end."""
+    pattern = re.compile(r"(\bphub|-m experiments) ((?:bench|rack) [a-z]+|[a-z]+)\b([^`#|]*)")
     for number, line in enumerate(README.read_text().splitlines(), 1):
         for match in pattern.finditer(line):
-            arguments = match.group(2).split(" -- ")[0]
+            arguments = match.group(3).split(" -- ")[0]
+            command = "phub" if match.group(1) == "phub" else HARNESS
             for option in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", arguments):
-                yield number, f"phub {match.group(1)}", option
+                yield number, f"{command} {match.group(2)}", option
 
 
 def test_every_option_the_readme_shows_is_one_its_command_takes():
     options = {command: {o for a in parser._actions for o in a.option_strings}
-               for command, parser in _commands(build_parser())}
+               for command, parser in _all_commands()}
     uses = list(_readme_uses())
     assert len(uses) > 30  # the pattern finds the README's command lines
     wrong = [(number, command, option) for number, command, option in uses
-             if command in options and option not in options[command]]
+             if option not in options.get(command, ())]
     assert not wrong, f"README lines showing options their command does not take: {wrong}"

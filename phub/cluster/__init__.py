@@ -2,7 +2,7 @@
 
 A `Cluster` names one server node (a PBox) per rack, or one per worker for a sharded server, and
 the worker nodes. A node runs commands through an argv prefix: empty on this machine (loopback),
-`ip netns exec NS` inside an emulated rack (see `phub.cluster.emulated`), `srun -w HOST` on SLURM.
+`ip netns exec NS` inside an emulated rack (see `experiments.rack.emulated`), `srun -w HOST` on SLURM.
 The launcher only ever calls `Node.argv`, so every placement starts processes the same way.
 """
 from __future__ import annotations

@@ -6,6 +6,7 @@ Import the one you use explicitly (neither framework is a dependency of phub its
   `gluon.Trainer(..., kvstore=phub.integrations.mxnet.create())`; NAG and SGD run on the server.
 - `phub.integrations.torch`: a DDP communication hook (aggregation on the server, averaged
   gradients back) and `ServerOptimizer`, which runs NAG/SGD on the server for plain training loops.
-- `phub.integrations.convergence`: the digits convergence check (PHub with 2 and 4 workers vs
-  single-process training), with a CSV writer and a plot for the pipeline.
+
+The check that training through them follows single-process training is the harness's
+(`experiments.convergence`).
 """

@@ -74,4 +74,4 @@ rule convergence:
     params:
         python=PYTHON,
     shell:
-        "{params.python} -m phub.integrations.convergence --out {output} 2> {log}"
+        "{params.python} -m experiments.convergence --out {output} 2> {log}"

@@ -1,5 +1,5 @@
 # Provision: check that this machine (or the cluster) can run the chosen network, record it.
-# Locally each point brings its own emulated rack up and down (`phub bench ... --network emulated`),
+# Locally each point brings its own emulated rack up and down (`python -m experiments bench ... --network emulated`),
 # so a failed or interrupted point leaves nothing behind; this stage only checks and records.
 # With `network: hostfile` the points run on the real machines a hostfile names (inside the SLURM
 # allocation that holds them: `phub hostfile --from-slurm --out FILE` writes it); this stage

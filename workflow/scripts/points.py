@@ -1,7 +1,7 @@
 """The experiment grid: config -> the list of points to measure, each a dict with an `id`.
 
 Pure and deterministic, so Snakemake, the progress report and the tests all see the same list.
-A point holds everything the runner needs: the `phub bench exchange` options and, on an emulated
+A point holds everything the runner needs: the `python -m experiments bench exchange` options and, on an emulated
 network, the rack spec (rates at the paper's scale; the rack divides them by s_n).
 
 How the paper's testbed is scaled down (config `rack:`), the same for every point:

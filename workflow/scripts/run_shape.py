@@ -75,7 +75,7 @@ def run_shape(points: list, results: Path, progress: list, log=sys.stderr) -> in
     with contextlib.ExitStack() as stack:
         rack = None
         if rack_spec is not None:
-            from phub.cluster.emulated import EmulatedRack
+            from experiments.rack.emulated import EmulatedRack
 
             rack = EmulatedRack(rack_spec)
             stack.enter_context(rack)

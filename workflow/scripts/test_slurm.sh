@@ -120,7 +120,7 @@ set -e
 ((rc == 2)) && grep -q "the allocation has 1 node(s) ($node)" <<<"$from_slurm" \
     || fail "phub hostfile --from-slurm in a one-node allocation: expected exit 2 naming the node, got $rc: $from_slurm"
 set +e
-placed=$(timeout 300 salloc --nodes=1 --time=5 "$VENV/bin/python" -m phub bench exchange --network hostfile \
+placed=$(timeout 300 salloc --nodes=1 --time=5 "$VENV/bin/python" -m experiments bench exchange --network hostfile \
     --spec "$hosts" --system phub --workers 2 --num-interfaces 2 --model synthetic:2 --iterations 2 --verify --json 2>&1)
 rc=$?
 set -e

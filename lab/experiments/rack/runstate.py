@@ -5,7 +5,7 @@ $PHUB_RACK_STATE_DIR), written *before* the first namespace is created and remov
 one is deleted. It names every namespace of the run (deleting the switch namespace removes its
 bridges and every veth pair), the creator's pid and that process's start time (so a reused pid is
 not mistaken for the creator). A run is *stale* when its creator is gone, unless it was made to
-outlive its creator (`phub rack up` without --hold: a detached run, removed by `phub rack down`).
+outlive its creator (`python -m experiments rack up` without --hold: a detached run, removed by `python -m experiments rack down`).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class RunState:
     detached: bool = False
     spec_source: str = ""
     created: float = field(default_factory=time.time)
-    summary: dict = field(default_factory=dict)  # rates and nodes, for `phub rack status`
+    summary: dict = field(default_factory=dict)  # rates and nodes, for `python -m experiments rack status`
 
     @property
     def path(self) -> str:

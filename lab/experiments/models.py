@@ -1,7 +1,7 @@
 """The paper's nine models as the compute replay sees them: layers, FLOPs and a compute profile.
 
-Array layouts come from phub's layout tables (every trainable array in MXNet's key order, with the
-forward FLOPs of the layer that owns it). Here the arrays are grouped into layers, and each model
+Array layouts come from the layout tables (`experiments.layouts`, data/layouts/: every trainable
+array in MXNet's key order, with the forward FLOPs of the layer that owns it). Here the arrays are grouped into layers, and each model
 gets a compute profile: seconds per iteration on the paper's GPU (a GTX 1080 Ti) and the batch
 size per GPU that goes with it, each labelled with where it comes from:
 
@@ -29,7 +29,7 @@ from importlib import resources
 from typing import Dict, List, Optional, Tuple
 
 from phub.errors import ConfigError
-from phub.models import MODELS, Array, layout_bytes, load_layout
+from .layouts import MODELS, Array, layout_bytes, layout_rows, load_layout
 
 # Assumed batch sizes per GPU of the models without a paper-derived compute time.
 ASSUMED_BATCH = {"vgg11": 32, "vgg19": 32, "resnet18": 32, "resnet50": 32, "resnext269": 16}
@@ -64,15 +64,10 @@ class Model:
         return layout_bytes(list(self.arrays))
 
 
-def _layout_rows(name: str) -> List[dict]:
-    text = resources.files("phub").joinpath("layouts", f"{name}.csv").read_text()
-    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
-
-
 @lru_cache(maxsize=None)
 def _summary() -> Dict[str, float]:
     """Forward GFLOPs per sample of every model, all operators counted (phub's summary table)."""
-    return {row["model"]: float(row["forward_gflops_per_sample"]) for row in _layout_rows("summary")}
+    return {row["model"]: float(row["forward_gflops_per_sample"]) for row in layout_rows("summary")}
 
 
 @lru_cache(maxsize=None)
@@ -127,7 +122,7 @@ def load_model(name: str) -> Model:
     arrays = tuple(load_layout(name))  # validates the name, with the list of valid ones
     if name not in MODELS:
         return Model(name, arrays, (Layer("synthetic", tuple(range(len(arrays))), 0.0),), 0.0, None)
-    rows = _layout_rows(name)
+    rows = layout_rows(name)
     if len(rows) != len(arrays):
         raise ConfigError(f"model {name}: the layout lists {len(rows)} rows but phub loaded {len(arrays)} arrays")
     return Model(name, arrays, _group_layers(rows), _summary()[name], compute_profile(name))

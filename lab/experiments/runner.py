@@ -1,4 +1,4 @@
-"""Run one exchange benchmark of any system and return its result row (`phub bench exchange`).
+"""Run one exchange benchmark of any system and return its result row (`python -m experiments bench exchange`).
 
 The runner builds the run's cluster (`experiments.network`), has the system start its processes
 on it with `python -m experiments.worker` on every worker node, and turns the ranks' timings into

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import seaborn as sns
 
-from phub.models import MODELS
+from experiments.layouts import MODELS
 
 from . import normalize
 from .plotting import (

@@ -12,7 +12,7 @@ and measured rates, scale factors, the rack servers' fixed port. `down()` stops 
 the run's namespaces and deletes them (the switch namespace takes its bridges and veths along).
 The context manager always tears down: on errors, KeyboardInterrupt, and SIGTERM, which it turns
 into KeyboardInterrupt while it is active. A run whose process died (SIGKILL, power) is stale;
-the next `up` and `phub rack down --all-stale` remove it (see `runstate`).
+the next `up` and `python -m experiments rack down --all-stale` remove it (see `runstate`).
 
 Needs CAP_NET_ADMIN (root). Without it, `reexec_unprivileged()` re-runs the current command in an
 unprivileged user + network namespace when the system allows one; otherwise the error says what
@@ -29,7 +29,9 @@ import sys
 import threading
 from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
-from . import Cluster, Node, netns, preflight, rackbuild, runstate
+from phub.cluster import Cluster, Node
+
+from . import netns, preflight, rackbuild, runstate
 from .netns import USERNS_ENV, RackError
 from .rackspec import RackSpec, load_spec
 from .topology import Plan, make_plan
@@ -39,14 +41,14 @@ _TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _log(message: str) -> None:
-    print(f"phub rack: {message}", file=sys.stderr, flush=True)
+    print(f"rack: {message}", file=sys.stderr, flush=True)
 
 
 class EmulatedRack:
     def __init__(self, spec: SpecLike, preflight: Optional[bool] = None, detached: bool = False,
                  overrides: Optional[Mapping[str, Any]] = None):
         """`preflight` overrides the spec's preflight.enabled; `detached`: the run outlives this
-        process (not stale when it exits; `phub rack down` removes it); `overrides` replaces
+        process (not stale when it exits; `python -m experiments rack down` removes it); `overrides` replaces
         top-level keys of the spec (e.g. {"workers_per_rack": 8})."""
         self.spec = load_spec(spec, overrides)
         self.run_id = secrets.token_hex(3)
@@ -68,7 +70,7 @@ class EmulatedRack:
                 _log(f"removed stale run {report['run_id']}: {len(report['namespaces'])} namespace(s), "
                      f"{len(report['processes'])} process(es)")
         except RackError as exc:  # someone else's leftovers do not stop this run
-            _log(f"could not remove a stale run ({exc}); `phub rack down --all-stale` retries")
+            _log(f"could not remove a stale run ({exc}); `python -m experiments rack down --all-stale` retries")
         source = self.spec.source if self.spec.source == "<dict>" else os.path.abspath(self.spec.source)
         self._state = runstate.new_state(self.run_id, self.plan.namespaces, self.detached, source)
         self._state.save()  # before the first namespace exists, so a crash from here on is cleanable
@@ -168,7 +170,7 @@ class EmulatedRack:
         }
 
     def summary(self) -> Dict[str, Any]:
-        """What `phub rack up` and `status` print: the nodes and the link rates."""
+        """What `python -m experiments rack up` and `status` print: the nodes and the link rates."""
         return {"run_id": self.run_id, "spec": self.spec.source,
                 "workers": [{"name": f"w{g}", "ns": h.ns, "address": h.addresses[0], "rack": h.rack}
                             for g, h in enumerate(self.plan.workers)],

@@ -41,7 +41,7 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                      float(measured["relative"].median()) if len(measured) else NAN, basis=DERIVED_BASIS,
                      why=missing if measured.empty else "",
                      method=(f"our measured samples/s at 2:1 divided by the deployment's cost "
-                             f"(analysis/cost.py; {PRICES_NOTE}), phub's over pshard's; the deployment priced "
+                             f"(lab/analysis/cost.py; {PRICES_NOTE}), phub's over pshard's; the deployment priced "
                              f"is the one measured, {per_rack:g} workers per rack sharing one PBox, and the PBox's "
                              "share of the cost falls as racks grow (the paper's rack size was not recovered)."),
                      note="The printed per-$1000 values give 1.36 (36% better), while the poster's headline "
@@ -95,7 +95,7 @@ def pbox_workers(calibration: pd.DataFrame, model: str, ref: Dict[str, Table]) -
     if calibration.empty:
         return NAN, ""
     from experiments.models import compute_profile  # the project's one compute estimate
-    from phub.models import layout_bytes, load_layout
+    from experiments.layouts import layout_bytes, load_layout
 
     sizes = calibration["chunk_bytes"].dropna().unique()
     size = int(min(sizes, key=lambda b: abs(math.log(b / 32768)))) if len(sizes) else 32768

@@ -1,6 +1,6 @@
 """Parameter-array layouts of the paper's nine models (and synthetic ones) for exchanges.
 
-The layouts in `phub/layouts/` list every trainable array of each model in MXNet's key order,
+The layouts in `lab/experiments/data/layouts/` list every trainable array of each model in MXNet's key order,
 built from the PHub authors' MXNet model definitions (see layouts/README.md for provenance).
 A layout name is one of `MODELS` or `synthetic:SIZE_MB` (one array of SIZE_MB megabytes).
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import List, Tuple
 
-from .errors import ConfigError
+from phub.errors import ConfigError
 
 MODELS = ("alexnet", "vgg11", "vgg19", "googlenet", "inception-v3", "resnet18", "resnet50",
           "resnet269", "resnext269")
@@ -46,10 +46,14 @@ def load_layout(name: str) -> List[Array]:
         return [Array("synthetic", (elements,), 0.0)]
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} or synthetic:SIZE_MB")
-    text = resources.files("phub").joinpath("layouts", f"{name}.csv").read_text()
-    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     return [Array(row["name"], tuple(int(d) for d in row["shape"].split("x")),
-                  float(row["layer_forward_gflops"] or 0)) for row in rows]
+                  float(row["layer_forward_gflops"] or 0)) for row in layout_rows(name)]
+
+
+def layout_rows(table: str) -> List[dict]:
+    """The rows of one table of data/layouts/ (a model's arrays, or `summary`, `models`)."""
+    text = resources.files("experiments").joinpath("data", "layouts", f"{table}.csv").read_text()
+    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
 
 
 def layout_bytes(arrays: List[Array]) -> int:

@@ -1,7 +1,7 @@
 """The convergence check: training through PHub follows single-process training, epoch by epoch.
 
 For each framework (MXNet's gluon with the phub kvstore; PyTorch with DDP + the phub hook; PyTorch
-with `ServerOptimizer`) the digits MLP (see `phub.integrations.digits`) is trained once in one
+with `ServerOptimizer`) the digits MLP (see `experiments.digits`) is trained once in one
 process without PHub, and then by 2 and 4 PHub workers (real processes on loopback) with the same
 global batch. The check passes when every epoch's training loss of every PHub run is within
 `LOSS_TOLERANCE` (absolute) of the single-process loss at that epoch, and test accuracy within
@@ -9,7 +9,7 @@ global batch. The check passes when every epoch's training loss of every PHub ru
 below 1e-7) and narrow against real errors: a learning rate 2% off already moves the loss by more
 than the tolerance (the tests check that), a wrong scale or a lost gradient by far more.
 
-    python -m phub.integrations.convergence --out convergence.csv --plot convergence.png
+    python -m experiments.convergence --out convergence.csv --plot convergence.png
 
 writes one CSV row per (framework, workers, epoch) (workers 1 = the single-process reference)
 and exits 1 if the check failed. `run()` and `plot()` are what a pipeline calls. `run()` starts
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .. import fileio
+from phub import fileio
 from .digits import FRAMEWORKS, curve
 
 LOSS_TOLERANCE = 1e-4  # absolute, per epoch, on the mean training cross-entropy
@@ -58,11 +58,11 @@ class Result:
 
 def _phub_curve(framework: str, workers: int, settings: Settings) -> List[Dict[str, float]]:
     """Run `workers` PHub workers training `framework`; return rank 0's per-epoch rows."""
-    from ..launch import run_job
+    from phub.launch import run_job
 
     with tempfile.TemporaryDirectory(prefix="phub-convergence-") as tmp:
         out = os.path.join(tmp, "curve.jsonl")
-        command = [sys.executable, "-m", "phub.integrations.digits", "--framework", framework,
+        command = [sys.executable, "-m", "experiments.digits", "--framework", framework,
                    "--epochs", str(settings.epochs), "--global-batch", str(settings.global_batch),
                    "--lr", str(settings.lr), "--momentum", str(settings.momentum), "--out", out]
         # One thread per worker: the workers share the machine's cores.

@@ -196,7 +196,7 @@ def bandwidth_per_ps(models: Iterable[str], compute_seconds: Mapping[str, float]
     M is the model's bytes (phub's layouts), N is `workers` and T is `compute_seconds[model]`.
     t_source is `label` for the models in the mapping. A model missing from the mapping gets the
     compute profile of `experiments.models`, and its t_source is "estimated"."""
-    from phub.models import layout_bytes, load_layout
+    from experiments.layouts import layout_bytes, load_layout
 
     out = []
     for model in models:

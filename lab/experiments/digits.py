@@ -6,9 +6,9 @@ epoch. One *global* batch of `global_batch` rows is one step; with N workers, wo
 rows [r*b, (r+1)*b) of it (b = global_batch / N), so N workers through PHub compute the same
 updates as one process on the whole batch, up to float32 rounding.
 
-Run as a PHub worker (what `phub.integrations.convergence` does):
+Run as a PHub worker (what `experiments.convergence` does):
 
-    phub launch -n 2 -- python -m phub.integrations.digits --framework mxnet --epochs 10 --out curve.jsonl
+    phub launch -n 2 -- python -m experiments.digits --framework mxnet --epochs 10 --out curve.jsonl
 
 Rank 0 writes one JSON line per epoch: {"epoch", "train_loss", "test_accuracy"}.
 """
@@ -99,7 +99,7 @@ def train_mxnet(data: Digits, epochs: int, global_batch: int, lr: float, momentu
     trainer = gluon.Trainer(net.collect_params(), "nag", {"learning_rate": lr, "momentum": momentum},
                             kvstore=kvstore)
     if kvstore is not None:
-        from .mxnet import sync_initial_weights
+        from phub.integrations.mxnet import sync_initial_weights
         sync_initial_weights(trainer)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for epoch in range(1, epochs + 1):
@@ -132,13 +132,13 @@ def train_torch(data: Digits, epochs: int, global_batch: int, lr: float, momentu
     elif mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        from .torch import init_process_group, register_hook
+        from phub.integrations.torch import init_process_group, register_hook
         init_process_group(client)
         trained = DistributedDataParallel(model)
         hook = register_hook(trained, client)
         opt = torch.optim.SGD(trained.parameters(), lr=lr, momentum=momentum, nesterov=True)
     elif mode == "server":
-        from .torch import ServerOptimizer
+        from phub.integrations.torch import ServerOptimizer
         opt = ServerOptimizer(model.parameters(), lr=lr, momentum=momentum, nesterov=True, client=client)
     else:
         raise ValueError(f"unknown mode {mode!r}: single, ddp or server")
@@ -160,7 +160,7 @@ def train(framework: str, data: Digits, epochs: int, global_batch: int, lr: floa
     if framework == "mxnet":
         kvstore = None
         if client is not None:
-            from .mxnet import create
+            from phub.integrations.mxnet import create
             kvstore = create(client=client)
         workers = 1 if client is None else client.num_workers
         rank = 0 if client is None else client.rank

@@ -28,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional, Union
 
-from ..errors import ConfigError
+from phub.errors import ConfigError
 
 DEFAULT_HOST_MBIT = 200.0  # what the default s_n brings a host link down to
 MAX_LINK_MBIT = 2000.0  # beyond this one emulated link needs more CPU than this machine has

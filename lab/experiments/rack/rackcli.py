@@ -1,10 +1,10 @@
-"""`phub rack up|down|status`: make, remove and list emulated racks from the command line.
+"""`python -m experiments rack up|down|status`: make, remove and list emulated racks.
 
-    phub rack up --spec config/racks/2x2.yaml          # build + preflight, leave it up (detached)
-    phub rack up --spec config/racks/2x2.yaml --hold   # ... and remove it on Ctrl-C / SIGTERM
-    phub rack status                                   # every run: owner, namespaces, rates
-    phub rack down --spec config/racks/2x2.yaml        # the runs made from that spec
-    phub rack down --run 3fa9c1 | --all-stale          # one run | every run whose creator died
+    python -m experiments rack up --spec config/racks/2x2.yaml         # build + preflight, leave it up
+    python -m experiments rack up --spec config/racks/2x2.yaml --hold  # ... remove it on Ctrl-C / SIGTERM
+    python -m experiments rack status                                  # every run: owner, namespaces, rates
+    python -m experiments rack down --spec config/racks/2x2.yaml       # the runs made from that spec
+    python -m experiments rack down --run 3fa9c1 | --all-stale         # one run | every run whose creator died
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 
 
 def add_parser(sub) -> None:
-    """Register `rack` under the `phub` command's subparsers."""
+    """Register `rack` under the harness command's subparsers."""
     rack = sub.add_parser("rack", help="emulated racks: network namespaces joined by shaped links").add_subparsers(
         dest="rack", required=True)
     up = rack.add_parser("up", help="build a rack from a spec, measure its links, print its nodes")
@@ -65,7 +65,7 @@ def cmd_up(args) -> int:
         rack.up()
         _print_summary(rack.summary(), args.json)
         print(f"run commands on a node with `ip netns exec NAMESPACE CMD`; remove the rack with "
-              f"`phub rack down --run {rack.run_id}`", file=sys.stderr)
+              f"`python -m experiments rack down --run {rack.run_id}`", file=sys.stderr)
         return 0
     try:
         with rack:
@@ -74,7 +74,7 @@ def cmd_up(args) -> int:
             while True:
                 signal.pause()  # until a signal: the context manager turns SIGTERM into KeyboardInterrupt
     except KeyboardInterrupt:
-        print(f"phub rack: removed run {rack.run_id}", file=sys.stderr)
+        print(f"rack: removed run {rack.run_id}", file=sys.stderr)
         return 0
 
 
@@ -97,11 +97,11 @@ def cmd_down(args) -> int:
     else:
         runs = _matching(args.spec) if args.spec else [r for r in _matching(None) if r.run_id == args.run]
         if not runs and args.spec and not os.path.isfile(args.spec):
-            from ..errors import ConfigError
+            from phub.errors import ConfigError
 
             raise ConfigError(f"rack spec {args.spec}: no such file (and no run was made from it)")
         if not runs:
-            print(f"phub rack: no run of {'spec ' + args.spec if args.spec else 'id ' + args.run}", file=sys.stderr)
+            print(f"rack: no run of {'spec ' + args.spec if args.spec else 'id ' + args.run}", file=sys.stderr)
             return 1 if args.run else 0
         reports = []
         for run in runs:
@@ -110,10 +110,10 @@ def cmd_down(args) -> int:
                                 "stop that process (it removes its rack) or wait for it")
             reports.append(dict(run_id=run.run_id, **teardown(run.namespaces, run)))
     for report in reports:
-        print(f"phub rack: removed run {report['run_id']}: {len(report['namespaces'])} namespace(s), "
+        print(f"rack: removed run {report['run_id']}: {len(report['namespaces'])} namespace(s), "
               f"stopped {len(report['processes'])} process(es)")
     if not reports:
-        print("phub rack: nothing to remove")
+        print("rack: nothing to remove")
     return 0
 
 
@@ -143,5 +143,5 @@ def cmd_status(args) -> int:
         print(f"{row['run_id']}  {row['owner']}  {row['namespaces']}/{row['of']} namespaces, "
               f"{row['processes']} process(es)  {row['spec']}  [{rates or 'building'} Mbit/s]")
     if orphans:
-        print(f"namespaces without a state file (removed by `phub rack down --all-stale`): {', '.join(orphans)}")
+        print(f"namespaces without a state file (removed by `python -m experiments rack down --all-stale`): {', '.join(orphans)}")
     return 0

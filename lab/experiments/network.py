@@ -11,7 +11,7 @@ A network function takes (system name, number of workers, options) and returns a
 It may instead return a context manager that yields the Cluster, for networks that must be set
 up and torn down around the run (the emulated rack's namespaces and links). Networks are listed
 in NETWORKS; `emulated_cluster` serves `--network emulated --spec FILE` (the emulated rack of
-`phub.cluster.emulated`), `hostfile_cluster` `--network hostfile --spec FILE` (real machines,
+`experiments.rack.emulated`), `hostfile_cluster` `--network hostfile --spec FILE` (real machines,
 phub.cluster.hostfile). Whatever the cluster records in its `extra` dict (link rates, scale
 factors) is copied into every result row.
 """
@@ -40,7 +40,7 @@ def loopback_cluster(system: str, workers: int, options) -> Cluster:
 def emulated_cluster(system: str, workers: int, options):
     """The emulated rack described by `options.spec` (network namespaces, shaped links), up for
     the run and torn down after it, however it ends; the cluster is `emulated_view`'s."""
-    from phub.cluster.emulated import EmulatedRack
+    from experiments.rack.emulated import EmulatedRack
 
     if not options.spec:
         raise ConfigError("--network emulated needs --spec FILE (an emulated rack spec)")

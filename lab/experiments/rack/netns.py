@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from ..errors import PHubError
+from phub.errors import PHubError
 
 CAP_NET_ADMIN = 12  # bit in /proc/self/status CapEff
 TOOLS = ("ip", "tc")
@@ -178,8 +178,8 @@ def privilege_problem(in_user_namespace: bool = False) -> Optional[str]:
     detail = user_namespace_detail()
     if detail is None:
         return (f"{where} lacks CAP_NET_ADMIN, which creating namespaces, bridges and qdiscs needs. Unprivileged "
-                "user namespaces work here: `phub rack up` re-runs itself inside one (the rack then lives as long "
-                "as that command); from Python, call phub.cluster.emulated.reexec_unprivileged() first, run as "
+                "user namespaces work here: `python -m experiments rack up` re-runs itself inside one (the rack then lives as long "
+                "as that command); from Python, call experiments.rack.emulated.reexec_unprivileged() first, run as "
                 "root, or use `network: loopback` (unshaped)")
     return (f"{where} lacks CAP_NET_ADMIN, and an unprivileged user + network namespace cannot be made either "
             f"({detail}). Run as root (or grant CAP_NET_ADMIN and CAP_SYS_ADMIN), or use `network: loopback`, "

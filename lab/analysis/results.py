@@ -6,7 +6,7 @@ A results directory holds, at any depth, two kinds of CSV file:
   are kept. `exchanges_per_s` counts whole-model exchanges (one worker pushing its gradients and
   receiving new weights) per second, summed over the workers of the job.
 * **convergence curves**, with the columns `framework, workers, epoch` and a loss column:
-  `loss`, or `train_loss` as `phub.integrations.convergence` writes it.
+  `loss`, or `train_loss` as `experiments.convergence` writes it.
 
 A file is read as a run file when it has an `experiment` column, or as a convergence curve when
 it has `framework` and `epoch` columns. Any other file, a missing column, or a value that does

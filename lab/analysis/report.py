@@ -105,13 +105,13 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
     return "\n".join([
         "# PHub reproduction: the paper's claims vs this run", "",
         "Each row is one claim of the paper (the SoCC'18 paper and its posters; the numbers are in "
-        "`analysis/reference/`, with provenance) beside what this run measured. "
+        "`lab/analysis/reference/`, with provenance) beside what this run measured. "
         f"Claims: {len(claims)} ({summary(claims)}). Only measured rows (agree, differ) count as "
         "measurements.", "",
         "## How agreement is judged", "", RULE, "",
         "## The run", "", facts(results.runs), "",
         "## Claims", claims_table(claims), "",
-        "## Figures", "", "Ours beside the paper's. The captions are in `analysis/captions/`.", "",
+        "## Figures", "", "Ours beside the paper's. The captions are in `lab/analysis/captions/`.", "",
         figures_list(figures_dir, report_path), ""])
 
 

@@ -1,0 +1,43 @@
+"""The library and the harness are separate: phub imports nothing of the lab, and its wheel holds
+phub alone (the harness, lab/, is a distribution of its own that depends on phub)."""
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = {"experiments", "analysis", "workflow", "benchmarks", "tests"}
+
+
+def _imported_top_levels(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module.split(".")[0]
+
+
+def test_the_library_imports_nothing_of_the_harness():
+    found = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+             for path in sorted((ROOT / "phub").rglob("*.py"))
+             for line, name in _imported_top_levels(path) if name in LAB]
+    assert found == []
+
+
+def test_the_scan_sees_an_import_of_the_harness(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from experiments.runner import Options\nimport analysis.report\n")
+    assert sorted(name for _, name in _imported_top_levels(sample)) == ["analysis", "experiments"]
+
+
+def test_the_wheel_holds_the_library_only(tmp_path):
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    [wheel] = tmp_path.glob("phub-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {"phub", "phub-0.1.0.dist-info"}
+    assert "phub/cli.py" in names and "phub/selftest.py" in names
+    assert not [name for name in names if "layouts" in name or "cluster/emulated" in name]
