@@ -272,20 +272,13 @@ class Core(Admission, RackLinks):
         peer.greeted = True
         hello = messages.hello(body, self.limits)  # every field typed and bounded before it is used
         job = self.jobs[hello.job]
-        if hello.token != job.spec.token:
-            return self._refuse(link, f"wrong token for job {job.spec.job_id}")
-        if job.ended is not None:
-            return self._refuse(link, f"job {job.spec.job_id} has already ended")
+        refusal = job.refusal(hello)
+        if refusal:
+            return self._refuse(link, refusal)
         if hello.peer_rack is not None:
             return self._rack_hello(link, peer, job, hello)
         spec = job.spec
         rank, lane = hello.rank, hello.lane
-        if not spec.first_rank <= rank < spec.first_rank + spec.num_workers:
-            return self._refuse(link, f"rank {rank!r} is not one of this server's ranks of job {spec.job_id} "
-                                      f"({spec.first_rank}..{spec.first_rank + spec.num_workers - 1})")
-        if hello.num_workers != spec.total_workers:
-            return self._refuse(link, f"rank {rank} expects {hello.num_workers} workers, "
-                                      f"job {spec.job_id} has {spec.total_workers}")
         welcome = {
             "cores": self.config.cores, "interfaces": list(self.config.interfaces),
             "lanes_per_pair": self.config.lanes_per_pair, "chunk_bytes": self.config.chunk_bytes,
@@ -294,20 +287,14 @@ class Core(Admission, RackLinks):
         }
         if lane == -1:  # discovery only: answer, and let the worker close
             return link.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, wire.SERVER_SENDER, welcome))
-        shard = hello.shard
         if job.state is None:
-            error = self._create_state(job, shard)
+            error = self._create_state(job, hello.shard)
             if error:
                 return self._refuse(link, error)
-        elif shard != job.shard:
-            return self._refuse(link, f"rank {rank} says this server is shard {shard[0]} of {shard[1]}, "
-                                      f"other workers said {job.shard[0]} of {job.shard[1]}")
-        topology = job.state.plan.topology
-        if lane not in job.links or topology.lane_interface(lane) != peer.interface:
-            return self._refuse(link, f"lane {lane!r} is not served on this core/interface")
+        refusal = job.lane_refusal(hello, peer.interface)
+        if refusal:
+            return self._refuse(link, refusal)
         local = rank - spec.first_rank
-        if job.links[lane][local] is not None:
-            return self._refuse(link, f"rank {rank} connected lane {lane} twice")
         if job.verbs:
             try:
                 welcome["rdma"] = job.verbs.hello(peer.interface, lane, local, rank, body)

@@ -36,6 +36,38 @@ class Job:
         self.joined: set = set()  # ranks with a lane admitted on this core
         self.shared: Dict[str, object] = {}  # what rank 0 shared (wire.Kind.SHARE), by name
 
+    # -- admission: what a HELLO may ask (no I/O: the core sends the refusal) ------------------
+    def refusal(self, hello) -> Optional[str]:
+        """Why a HELLO (`messages.Hello`, already typed and bounded) is turned away before anything
+        is set up for it, or None: a wrong token, a job that has ended, and for a worker a rank
+        this server does not serve or another count of workers than the job's."""
+        spec = self.spec
+        if hello.token != spec.token:
+            return f"wrong token for job {spec.job_id}"
+        if self.ended is not None:
+            return f"job {spec.job_id} has already ended"
+        if hello.peer_rack is not None:
+            return None
+        last = spec.first_rank + spec.num_workers - 1
+        if not spec.first_rank <= hello.rank <= last:
+            return f"rank {hello.rank!r} is not one of this server's ranks of job {spec.job_id} ({spec.first_rank}..{last})"
+        if hello.num_workers != spec.total_workers:
+            return f"rank {hello.rank} expects {hello.num_workers} workers, job {spec.job_id} has {spec.total_workers}"
+        return None
+
+    def lane_refusal(self, hello, interface: int) -> Optional[str]:
+        """Why a worker's lane HELLO on `interface` is turned away once the job is set up on this
+        core, or None: another shard layout than the other workers', a lane this core does not
+        serve on that interface, a lane the worker connected already."""
+        if hello.shard != self.shard:
+            return (f"rank {hello.rank} says this server is shard {hello.shard[0]} of {hello.shard[1]}, "
+                    f"other workers said {self.shard[0]} of {self.shard[1]}")
+        if hello.lane not in self.links or self.state.plan.topology.lane_interface(hello.lane) != interface:
+            return f"lane {hello.lane!r} is not served on this core/interface"
+        if self.links[hello.lane][hello.rank - self.spec.first_rank] is not None:
+            return f"rank {hello.rank} connected lane {hello.lane} twice"
+        return None
+
     def live_links(self):
         for lane_links in self.links.values():
             yield from (link for link in lane_links if link is not None and not link.closed)

@@ -8,9 +8,18 @@ import numpy as np
 import pytest
 
 import phub
+from phub.errors import ProtocolError
 from phub.launch import worker_env
 
 WORKER = str(Path(__file__).parent / "workers" / "exchange_worker.py")
+
+
+def refused(call, *words):
+    """Call `call`, which must raise ProtocolError with every one of `words` in its message."""
+    with pytest.raises(ProtocolError) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), str(info.value)
 
 
 def start_workers(server, num_workers, params, job_id=0, token="", timeout=60, stdout=None):

@@ -4,6 +4,7 @@ same grid with chunks near the paper's count): complete, within the hour, every 
 These read files only (no run): they keep the committed report honest as the analysis changes.
 """
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,12 @@ from analysis import report, results
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
 RUNS = [DOCS, DOCS / "paper-chunks"]
+
+
+@lru_cache(maxsize=None)
+def _loaded(run: Path):
+    """A committed run's results, read once for all the tests below (reading them takes seconds)."""
+    return results.load(run / "points")
 
 
 def test_the_committed_results_stay_small():
@@ -30,13 +37,13 @@ def test_the_committed_run_has_its_record_and_fits_the_hour(run):
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
 def test_every_verdict_of_the_committed_report_is_earned(run):
-    loaded = results.load(run / "points")
+    loaded = _loaded(run)
     problems = report.check(loaded, run / "figures", run / "report.md", min_measured=40)
     assert problems == []
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: p.name)
 def test_every_committed_point_says_what_bounded_it(run):
-    runs = results.load(run / "points").runs
+    runs = _loaded(run).runs
     points = runs[runs["experiment"] != "convergence"]
     assert len(points) > 0 and points["bound"].isin(["wire", "mixed", "cpu"]).all()
