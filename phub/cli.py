@@ -147,7 +147,7 @@ def cmd_launch(args) -> int:
 def cmd_selftest(args) -> int:
     from .selftest import main as selftest_main
 
-    return selftest_main()
+    return selftest_main([])
 
 
 def cmd_doctor(args) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Dict
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -74,8 +74,9 @@ def run() -> dict:
             "verified": verified}
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--worker"]:
+def main(argv: Optional[List[str]] = None) -> int:
+    """`python -m phub.selftest [--worker]`: the check (what `phub selftest` runs), or one of its workers."""
+    if (sys.argv[1:] if argv is None else argv) == ["--worker"]:
         return worker()
     row = run()
     print(json.dumps(row))

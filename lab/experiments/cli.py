@@ -42,7 +42,7 @@ def cmd_bench_exchange(args) -> int:
 
 
 def build_parser() -> HarnessParser:
-    parser = HarnessParser(prog="python -m experiments",
+    parser = HarnessParser(prog=HarnessParser.command,
                            description="phub's harness: benchmarks of phub and its baselines, emulated racks")
     sub = parser.add_subparsers(dest="cmd", required=True)
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)

@@ -128,7 +128,7 @@ def plot(csv_path: str, out_path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("plotting needs matplotlib: pip install 'phub[pipeline]'") from None
+        raise RuntimeError("plotting needs matplotlib: install the harness: pip install -e ./lab") from None
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     frameworks = list(dict.fromkeys(r["framework"] for r in rows))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -198,10 +197,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = curve(args.framework, args.epochs, args.global_batch, args.lr, args.momentum, client)
     client.close()
     if client.rank == 0:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        os.replace(tmp, args.out)
+        from phub.fileio import write_text
+
+        write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Parameter-array layouts of the paper's nine models (and synthetic ones) for exchanges.
 
-The layouts in `lab/experiments/data/layouts/` list every trainable array of each model in MXNet's key order,
-built from the PHub authors' MXNet model definitions (see layouts/README.md for provenance).
+The layouts in `data/layouts/` list every trainable array of each model in MXNet's key order,
+built from the PHub authors' MXNet model definitions (see data/layouts/README.md for provenance).
 A layout name is one of `MODELS` or `synthetic:SIZE_MB` (one array of SIZE_MB megabytes).
 """
 from __future__ import annotations
@@ -50,10 +50,15 @@ def load_layout(name: str) -> List[Array]:
                   float(row["layer_forward_gflops"] or 0)) for row in layout_rows(name)]
 
 
+def data_rows(*path: str) -> List[dict]:
+    """The rows of a CSV table under the harness's data/ (its `#` comment lines skipped)."""
+    text = resources.files("experiments").joinpath("data", *path).read_text()
+    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+
+
 def layout_rows(table: str) -> List[dict]:
     """The rows of one table of data/layouts/ (a model's arrays, or `summary`, `models`)."""
-    text = resources.files("experiments").joinpath("data", "layouts", f"{table}.csv").read_text()
-    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
+    return data_rows("layouts", f"{table}.csv")
 
 
 def layout_bytes(arrays: List[Array]) -> int:

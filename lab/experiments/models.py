@@ -1,9 +1,10 @@
 """The paper's nine models as the compute replay sees them: layers, FLOPs and a compute profile.
 
 Array layouts come from the layout tables (`experiments.layouts`, data/layouts/: every trainable
-array in MXNet's key order, with the forward FLOPs of the layer that owns it). Here the arrays are grouped into layers, and each model
-gets a compute profile: seconds per iteration on the paper's GPU (a GTX 1080 Ti) and the batch
-size per GPU that goes with it, each labelled with where it comes from:
+array in MXNet's key order, with the forward FLOPs of the layer that owns it). Here the arrays are
+grouped into layers, and each model gets a compute profile: seconds per iteration on the paper's
+GPU (a GTX 1080 Ti) and the batch size per GPU that goes with it, each labelled with where it
+comes from:
 
 * ``paper-derived``: the seconds are the compute bar of the paper's time-breakdown chart
   (resnet269, inception-v3, googlenet, alexnet; see data/compute_reference.csv). The batch is the
@@ -20,16 +21,14 @@ R, the effective rate: ResNet-269 trains at 44.02 samples/s on the GTX 1080 Ti (
 """
 from __future__ import annotations
 
-import csv
 import math
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Dict, List, Optional, Tuple
 
 from phub.errors import ConfigError
-from .layouts import MODELS, Array, layout_bytes, layout_rows, load_layout
+from .layouts import MODELS, Array, data_rows, layout_bytes, layout_rows, load_layout
 
 # Assumed batch sizes per GPU of the models without a paper-derived compute time.
 ASSUMED_BATCH = {"vgg11": 32, "vgg19": 32, "resnet18": 32, "resnet50": 32, "resnext269": 16}
@@ -73,9 +72,8 @@ def _summary() -> Dict[str, float]:
 @lru_cache(maxsize=None)
 def reference_values() -> Dict[Tuple[str, str], Tuple[float, str, str]]:
     """(quantity, model) -> (value, source file, provenance), from data/compute_reference.csv."""
-    text = resources.files("experiments").joinpath("data", "compute_reference.csv").read_text()
-    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
-    return {(r["quantity"], r["model"]): (float(r["value"]), r["source_file"], r["provenance"]) for r in rows}
+    return {(r["quantity"], r["model"]): (float(r["value"]), r["source_file"], r["provenance"])
+            for r in data_rows("compute_reference.csv")}
 
 
 def effective_gflops_per_s() -> float:

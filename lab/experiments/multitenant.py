@@ -24,10 +24,9 @@ from phub.launch import run_job
 
 from .models import load_model, scaled
 from .monitor import Monitor, block, summarize
-from .runner import QUIET_TAIL_LINES
+from .runner import QUIET_TAIL_LINES, worker_pythonpath
 from .worker import ENV_PARAMS
 
-ROOT = Path(__file__).resolve().parents[1]
 JOBS = ((1, "tenant-one"), (2, "tenant-two"))
 WORKER_CLASS = "experiments.systems.phub:PHubWorker"
 
@@ -48,7 +47,7 @@ def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, time_limi
         job_env[spec.job_id] = {ENV_PARAMS: json.dumps(dict(params, out_dir=os.path.join(out_dir, f"job{spec.job_id}")))}
     with tempfile.TemporaryFile("w+", errors="replace") as output:
         result = run_job([sys.executable, "-m", "experiments.worker"], half * len(specs), config, cluster=job_cluster,
-                         extra_env={"PYTHONPATH": str(ROOT)}, job_env=job_env, stdout=output, stderr=output,
+                         extra_env={"PYTHONPATH": worker_pythonpath()}, job_env=job_env, stdout=output, stderr=output,
                          time_limit=time_limit)
         if result.status != 0:
             output.seek(0)

@@ -48,6 +48,11 @@ QUIET_TAIL_LINES = 25  # lines of the processes' output a quiet run's failure me
 _ROOT = str(Path(__file__).resolve().parent.parent)  # so `-m experiments.worker` imports anywhere
 
 
+def worker_pythonpath() -> str:
+    """PYTHONPATH for a worker process: the harness's folder first, then this process's own."""
+    return os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+
+
 @dataclass(frozen=True)
 class Options:
     compute: str = "zero"  # zero | replay | real
@@ -147,14 +152,13 @@ def _entered(made):
 def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cluster, output, repeats) -> List[dict]:
     """One start of the system's processes; one row per block of `iterations`."""
     scale = cluster.extra.get("scale")  # an emulated rack scales bytes and compute time
-    path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="phub-exchange-") as out_dir:
         params = {"model": model, "scale": scale, "compute": options.compute, "variant": options.variant,
                   "iterations": iterations * repeats, "warmup": warmup, "verify": verify,
                   "worker_class": sut.worker_class, "out_dir": out_dir,
                   "image_size": options.image_size, "batch": options.batch,
                   "monitor_clock": os.path.join(out_dir, "monitor.clock")}
-        env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": path}
+        env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": worker_pythonpath()}
         with Monitor(clock_file=params["monitor_clock"]) as monitor:
             sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
         ranks = []

@@ -23,7 +23,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: experiments, phub
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from experiments.multitenant import run_tenants  # noqa: E402
