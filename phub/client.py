@@ -27,9 +27,11 @@ import numpy as np
 from . import exiting, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .clientloop import ClientLoop
+from .protocol.worker import WorkerProtocol
+from .datapath import worker_path
 from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
-from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
+from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from .handle import Handle
 from .optim import Optimizer
 from .transport import Link, StagedLink, connect as tcp_connect, parse_addresses, recv_control, staging_capacity
@@ -58,24 +60,15 @@ class Client(ClientLoop, SideChannels):
             raise ConfigError(f"rank must be in [0, {num_workers}), got {rank!r}")
         timeout = check_timeout(timeout)
         self.rank, self.num_workers, self.job_id, self.timeout = rank, num_workers, job_id, timeout
-        self._token = token
-        self._error: Optional[PHubError] = None
+        self._protocol = WorkerProtocol(job_id, rank, num_workers, token)  # what this worker awaits
         self._closing = False
-        self._expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, iteration, handle)
-        self._ready_waiters: Dict[int, Handle] = {}  # batch -> handle counting READY frames
         self._iterations: Dict[Hashable, int] = {}
-        self._chunk_nbytes: List[int] = []
-        self._chunk_table = np.zeros((0, 2), dtype=np.int32)  # [lane, payload bytes] by chunk id, for drain_results
         self._inflight: Dict[Hashable, Handle] = {}
         self._commands: deque = deque()
         self._wake_pending = False
         self._judging = False  # ClientLoop._lost_lane is reading the other lanes
-        self._lock = threading.Lock()
-        self._verbs = None  # the RDMA data path (rdma.worker.WorkerVerbs), if the server runs one
-        self._optimizer_acks: Optional[Handle] = None
-        self._shared: Dict[str, object] = {}  # name -> rank 0's value (see share)
-        self._expect_state: Dict[int, tuple] = {}  # chunk id -> (destination bytes, handle), see optimizer_state
-        self._share_waiters: Dict[str, Handle] = {}
+        self._lock = threading.Lock()  # guards _wake_pending
+        self._data = None  # how chunks move (datapath.TcpWorkerPath, or an RDMA one): the server's choice
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
         welcomes = [self._discover(a) for a in parse_addresses(address)]
@@ -89,11 +82,8 @@ class Client(ClientLoop, SideChannels):
         self._leader = self.rank == welcomes[0].get("first_rank", 0)
         self.topology = Topology(interfaces, cores, lanes_per_pair, servers=len(welcomes))
         self.plan = ChunkPlan(self.topology, chunk_bytes)
-        self.transport = welcomes[0].get("transport", "tcp")  # how chunks move: the server's choice
-        if self.transport != "tcp":
-            from .rdma.worker import WorkerVerbs
-
-            self._verbs = WorkerVerbs.for_servers(self.transport, self.plan, rank, welcomes)
+        self.transport = welcomes[0].get("transport", "tcp")
+        self._data = self._protocol.data = worker_path(self.transport, job_id, rank, self.plan, welcomes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []
         self._outbox: List[Link] = []  # links with output queued in this I/O loop iteration
@@ -116,21 +106,13 @@ class Client(ClientLoop, SideChannels):
 
     # -- connection setup (blocking, before the I/O thread exists) ---------------------------
     def _hello(self, sock: socket.socket, lane: int) -> dict:
-        hello = {"job": self.job_id, "token": self._token, "rank": self.rank,
-                 "num_workers": self.num_workers, "lane": lane}
+        fields = {}
         if lane >= 0:
-            hello.update(shard=self.topology.lane_server(lane), shards=self.topology.servers)
-            if self._verbs:
-                hello["rdma"] = self._verbs.hello_params(lane)
-        sock.sendall(wire.control_frame(wire.Kind.HELLO, self.job_id, self.rank, hello))
-        frame = recv_control(sock, self.timeout, "the phub server")
-        header, body = frame.header, frame.json()
-        if header.kind is wire.Kind.ERROR:
-            raise JobFailed(f"the server refused rank {self.rank}: {body.get('message')}")
-        if header.kind is not wire.Kind.WELCOME:
-            raise ProtocolError(f"expected WELCOME from the server, got {header.kind.name}")
-        if self._verbs and lane >= 0:
-            self._verbs.welcomed(lane, body)
+            fields = dict(shard=self.topology.lane_server(lane), shards=self.topology.servers, **self._data.hello(lane))
+        sock.sendall(self._protocol.hello(lane, **fields))
+        body = self._protocol.welcome(recv_control(sock, self.timeout, "the phub server"))
+        if lane >= 0:
+            self._data.welcomed(lane, body)
         return body
 
     def _discover(self, address) -> dict:
@@ -150,12 +132,14 @@ class Client(ClientLoop, SideChannels):
         except BaseException:
             sock.close()
             raise
-        target = lambda h, lane=lane: self._payload_target(h, lane)  # noqa: E731
-        if drain_results is None or self._verbs:
-            return Link(sock, self._selector, target, self._on_frame, self._outbox)
-        fast = lambda link, staging, start, end, lane=lane: drain_results(  # noqa: E731
-            staging, start, end, self.job_id, lane, self._chunk_table, self._expect)
-        return StagedLink(sock, self._selector, target, self._on_frame, self._outbox, fast,
+        protocol = self._protocol
+        target = lambda header: protocol.payload_target(header, lane)  # noqa: E731
+        on_frame = lambda link, frame: self._on_frame(lane, link, frame)  # noqa: E731
+        if drain_results is None or not self._data.frames_carry_results:
+            return Link(sock, self._selector, target, on_frame, self._outbox)
+        fast = lambda link, staging, start, end: drain_results(  # noqa: E731
+            staging, start, end, self.job_id, lane, protocol.chunk_table, protocol.expect)
+        return StagedLink(sock, self._selector, target, on_frame, self._outbox, fast,
                           staging_capacity(self.plan.chunk_bytes))
 
     # -- public API -------------------------------------------------------------------------
@@ -179,22 +163,18 @@ class Client(ClientLoop, SideChannels):
         self._check_failed()
         batch = len(self.plan.batches)
         new = self.plan.add_arrays([(key, arr.shape) for key, arr in arrays.items()])
-        self._chunk_nbytes = self.plan.chunk_nbytes()  # replaced whole: the I/O thread reads it
-        self._chunk_table = np.array([(c.lane, c.nbytes) for c in self.plan.chunks], dtype=np.int32).reshape(-1, 2)
+        self._protocol.chunks_changed(self.plan.chunks)
         flat = {key: arr.reshape(-1) for key, arr in arrays.items()}
         handle = Handle(self, len(new) + len(self._links), None, f"init of batch {batch}", [c.id for c in new])
-        self._ready_waiters[batch] = handle
+        self._protocol.ready_waiters[batch] = handle
         for chunk in new:
             self._iterations.setdefault(chunk.key, 0)
             dest = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
-            self._expect[chunk.id] = (dest, 0, handle)
+            self._protocol.expect[chunk.id] = (dest, 0, handle)
         register = {"batch": batch, "arrays": [[k, int(a.size)] for k, a in arrays.items()]}
-        regions = self._verbs.register_batch(batch) if self._verbs else None
-        frames = []
-        for lane, link in enumerate(self._links):
-            if regions:
-                register["rdma"] = regions[lane]
-            frames.append((link, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, register, batch)))
+        lane_fields = self._data.register_batch(batch, len(self._links))
+        frames = [(link, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, {**register, **fields}, batch))
+                  for link, fields in zip(self._links, lane_fields)]
         if self._leader:
             for chunk in new:
                 data = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
@@ -216,11 +196,12 @@ class Client(ClientLoop, SideChannels):
         self._check_failed()
         if not self._leader:
             return
-        if self._verbs:
-            self._optimizer_acks = Handle(self, len(self._links), None, "set_optimizer", [])
+        echoed = self._data.pushes_overtake_control  # then the server echoes it once applied
+        if echoed:
+            acks = self._protocol.optimizer_acks = Handle(self, len(self._links), None, "set_optimizer", [])
         self._to_all_lanes(wire.control_frame(wire.Kind.OPTIMIZER, self.job_id, self.rank, optimizer.to_dict()))
-        if self._verbs:
-            self._optimizer_acks.wait()
+        if echoed:
+            acks.wait()
 
     def pushpull_async(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None) -> Handle:
         """Push `grad` for `key`; the returned handle's `wait()` gives `out` holding the result
@@ -240,20 +221,12 @@ class Client(ClientLoop, SideChannels):
         self._iterations[key] = iteration
         handle = Handle(self, len(chunks), out, f"pushpull of key {key!r} (iteration {iteration})",
                         [c.id for c in chunks])
-        frames = []
-        job, rank, push, pack, expect = self.job_id, self.rank, wire.Kind.PUSH, wire.pack_header, self._expect
-        out_bytes, grad_bytes = memoryview(out_flat).cast("B"), memoryview(grad_flat).cast("B")
-        links, verbs = self._links, self._verbs
+        expect, out_bytes = self._protocol.expect, memoryview(out_flat).cast("B")
         for chunk in chunks:  # slicing one byte view per array is cheaper than a view per chunk
-            start, nbytes = chunk.offset * ITEMSIZE, chunk.size * ITEMSIZE
-            expect[chunk.id] = (out_bytes[start:start + nbytes], iteration, handle)
-            if verbs:  # the chunk id is the RDMA write's immediate; no header travels
-                frames.append((verbs, chunk.id, grad_bytes[start:start + nbytes]))
-            else:
-                frames.append((links[chunk.lane], pack(push, job, rank, chunk.id, iteration, nbytes),
-                               grad_bytes[start:start + nbytes]))
+            start = chunk.offset * ITEMSIZE
+            expect[chunk.id] = (out_bytes[start:start + chunk.nbytes], iteration, handle)
         self._inflight[key] = handle
-        self._submit(frames)
+        self._submit(self._data.pushes(self._links, chunks, iteration, memoryview(grad_flat).cast("B")))
         return handle
 
     def pushpull(self, key, grad: np.ndarray, out: Optional[np.ndarray] = None,
@@ -280,7 +253,7 @@ class Client(ClientLoop, SideChannels):
         if self._closing:
             return
         try:
-            if self._error is None and abort is None:
+            if self._protocol.error is None and abort is None:
                 try:
                     self.wait_all(timeout)
                 except PHubTimeout as exc:
@@ -288,7 +261,7 @@ class Client(ClientLoop, SideChannels):
                     raise
                 self._to_all_lanes(wire.control_frame(wire.Kind.BYE, self.job_id, self.rank, {}))
         finally:
-            if abort is not None and self._error is None:
+            if abort is not None and self._protocol.error is None:
                 self._abort(abort)
             self._closing = True
             exiting.closed(self)
@@ -299,8 +272,7 @@ class Client(ClientLoop, SideChannels):
                 link.close()
             self._wake_r.close()
             self._wake_w.close()
-            if self._verbs:
-                self._verbs.close()
+            self._data.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -309,8 +281,8 @@ class Client(ClientLoop, SideChannels):
         self.close(abort=None if exc[0] is None else f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
 
     def _check_failed(self) -> None:
-        if self._error is not None:
-            raise JobFailed(f"rank {self.rank}: {self._error}")
+        if self._protocol.error is not None:
+            raise JobFailed(f"rank {self.rank}: {self._protocol.error}")
         if self._closing:
             raise PHubError("the client is closed")
 

@@ -1,9 +1,11 @@
 """The worker's I/O thread: the half of `phub.Client` that runs in the background.
 
 One thread per client drives every lane's connection from one selector: it sends what the caller
-queued (`_submit`, woken through a socket pair), writes arriving RESULTs straight into the
-caller's output arrays, counts READY frames, files SHAREd values, and on a lost connection or an ERROR frame fails
-every waiting handle with `JobFailed` naming the cause. Mixed into `phub.client.Client`.
+queued (`_submit`, woken through a socket pair) and hands what arrives to the worker's protocol
+(`protocol.worker.WorkerProtocol`: RESULTs land straight in the caller's output arrays, READYs
+and SHAREs wake their waiters). On a lost connection or an ERROR frame it fails every waiting
+handle with `JobFailed` naming the cause; which cause is this loop's to find out, as it means
+reading the other lanes (`_lost_lane`). Mixed into `phub.client.Client`.
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import select
 import time
 from typing import List
 
-from . import messages, wire
-from .errors import JobFailed, PHubError, ProtocolError
+from . import wire
+from .errors import JobFailed, ProtocolError
+from .protocol.worker import ServerReportedError
 from .transport import Link, LinkClosed, flush_links
 
 
@@ -44,62 +47,25 @@ class ClientLoop:
         """Tell the server this worker gives up (best effort), so the others stop at once."""
         self._to_all_lanes(wire.control_frame(wire.Kind.ERROR, self.job_id, self.rank, {"message": message}))
 
-    def _payload_target(self, header: wire.Header, lane: int) -> memoryview:
-        wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
-        if header.kind is wire.Kind.STATE:  # an answer to optimizer_state
-            wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
-            if header.chunk not in self._expect_state:
-                raise ProtocolError(f"unexpected STATE for chunk {header.chunk}")
-            return self._expect_state[header.chunk][0]
-        if header.kind is not wire.Kind.RESULT:
-            raise ProtocolError(f"the server sent a {header.kind.name} data frame")
-        wire.check_chunk(header, self._chunk_nbytes, lambda cid: self.plan.chunks[cid].lane == lane)
-        expected = self._expect.get(header.chunk)
-        if expected is None or expected[1] != header.iteration:
-            raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
-        return expected[0]
-
-    def _on_frame(self, link: Link, frame: wire.Frame) -> None:
-        kind = frame.header.kind
-        if kind is wire.Kind.RESULT:
-            _, _, handle = self._expect.pop(frame.header.chunk)
-            handle._arrived()
-        elif kind is wire.Kind.READY:
-            body = frame.json()
-            if self._verbs:
-                self._verbs.ready(self._links.index(link), body["batch"], body)
-            self._ready_waiters[body["batch"]]._arrived()
-        elif kind is wire.Kind.OPTIMIZER and self._verbs:
-            self._optimizer_acks._arrived()
-        elif kind is wire.Kind.STATE:
-            self._expect_state.pop(frame.header.chunk)[1]._arrived()
-        elif kind is wire.Kind.SHARE:
-            name, value = messages.share(frame.json())
-            with self._lock:
-                self._shared[name] = value
-                handle = self._share_waiters.get(name)
-            if handle is not None and not handle.done():
-                handle._arrived()
-        elif kind is wire.Kind.ERROR:
-            message = frame.json().get("message", "the server reported an error")
+    def _on_frame(self, lane: int, link: Link, frame: wire.Frame) -> None:
+        try:
+            self._protocol.frame_received(lane, frame)
+        except ServerReportedError as exc:
             lost = self._lost_lane(besides=link)
             if lost:  # the root cause: a core died, and a sibling core reported what followed
-                raise JobFailed(f"lost the phub server ({lost}); the server then reported: {message}")
-            raise JobFailed(message)
-        else:
-            raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
+                raise JobFailed(f"lost the phub server ({lost}); the server then reported: {exc}") from None
+            raise JobFailed(str(exc)) from None
 
     def _io_loop(self) -> None:
         try:
             while True:
-                nap = self._verbs.nap if self._verbs and self._expect else 1.0
+                nap = self._data.nap if self._data.nap is not None and self._protocol.expect else 1.0
                 for key, mask in self._selector.select(timeout=nap):
                     if key.data is None:
                         self._drain_commands()
                     else:
                         key.data.service(mask)
-                if self._verbs:  # results written straight into our registered memory
-                    self._verbs.deliver(self._expect)
+                self._data.deliver(self._protocol.expect)  # results that landed outside the links (RDMA writes)
                 flush_links(self._outbox)
                 if self._closing and not self._commands and not any(l.outq for l in self._links):
                     return
@@ -108,13 +74,13 @@ class ClientLoop:
                 try:
                     self._salvage()
                 except JobFailed as reason:
-                    self._fail(reason)
+                    self._protocol.fail(reason)
                     return
-                self._fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
+                self._protocol.fail(JobFailed(f"lost the phub server ({exc}); it may have stopped after another worker failed"))
         except (JobFailed, ProtocolError) as exc:
-            self._fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
+            self._protocol.fail(exc if isinstance(exc, JobFailed) else JobFailed(f"protocol error from the server: {exc}"))
         except Exception as exc:  # a bug: fail loudly rather than hang the caller
-            self._fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
+            self._protocol.fail(JobFailed(f"phub I/O thread crashed: {type(exc).__name__}: {exc}"))
 
     def _lost_lane(self, besides: Link) -> str:
         """After one core's ERROR, read the other lanes until each ends (an ERROR frame, or the
@@ -164,12 +130,3 @@ class ClientLoop:
         while self._commands:
             for item in self._commands.popleft():
                 item[0].send(*item[1:])
-
-    def _fail(self, error: PHubError) -> None:
-        if self._error is None:
-            self._error = error
-        for entry in [*self._expect.values(), *self._expect_state.values()]:
-            entry[-1]._event.set()
-        for handle in [*self._ready_waiters.values(), *self._share_waiters.values(), self._optimizer_acks]:
-            if handle is not None:
-                handle._event.set()

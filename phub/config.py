@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
+from .datapath import PATHS
 from .errors import ConfigError
 
 MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
@@ -34,7 +35,7 @@ def check_peer(text) -> Tuple[str, int]:
     return host, number
 
 Endpoint = Tuple[str, int]
-TRANSPORTS = ("tcp", "verbs", "soft-verbs")
+TRANSPORTS = tuple(PATHS)  # "tcp", "verbs", "soft-verbs": the data paths' registry
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,11 @@ def share(body: dict) -> Tuple[str, object]:
     return name, body["value"]
 
 
+def ready(body: dict) -> int:
+    """A READY (server -> worker): {batch, rdma?}; the batch."""
+    return _integer("READY", "batch", body.get("batch"), 0, MAX_ID)
+
+
 def peer_ready(body: dict) -> int:
     """A PEER_READY (between rack servers): {batch}."""
     return _integer("PEER_READY", "batch", body.get("batch"), 0, MAX_ID)

@@ -43,7 +43,7 @@ class SideChannels:
         states = {key: np.zeros(self.plan.key_size(key), np.float32) for key in keys}
         handle = Handle(self, len(self.plan.chunks), states, "optimizer_state", [c.id for c in self.plan.chunks])
         for c in self.plan.chunks:
-            self._expect_state[c.id] = (memoryview(states[c.key][c.offset:c.offset + c.size]).cast("B"), handle)
+            self._protocol.expect_state[c.id] = (memoryview(states[c.key][c.offset:c.offset + c.size]).cast("B"), handle)
         self._to_all_lanes(wire.control_frame(wire.Kind.STATE_REQUEST, self.job_id, self.rank, {}))
         return handle.wait(max(deadline - time.monotonic(), 0.001))
 
@@ -66,7 +66,7 @@ class SideChannels:
                 header = wire.pack_header(wire.Kind.STATE, self.job_id, self.rank, c.id, 0, c.nbytes)
                 frames.append((self._links[c.lane], header, memoryview(values[c.offset:c.offset + c.size]).cast("B")))
         self._submit(frames)
-        if self._verbs:  # each lane answers after its loads: then its next RDMA pushes may go
+        if self._data.pushes_overtake_control:  # each lane answers after its loads: then the next pushes may go
             self.optimizer_state()
 
     def share(self, name: str, value=None, timeout: Optional[float] = None):
@@ -89,15 +89,16 @@ class SideChannels:
                 raise ConfigError(f"share {name!r}: the value is {len(frame) - wire.HEADER_BYTES} bytes as JSON "
                                   f"(at most {MAX_SHARE_BYTES})")
         self._check_failed()
-        with self._lock:  # the I/O thread files arriving values under it (ClientLoop._on_frame)
-            if frame is not None and name in self._share_waiters:
+        protocol = self._protocol
+        with protocol.lock:  # the I/O thread files arriving values under it (WorkerProtocol.frame_received)
+            if frame is not None and name in protocol.share_waiters:
                 raise ConfigError(f"share {name!r}: rank 0 shared this name already")
-            handle = self._share_waiters.get(name)
+            handle = protocol.share_waiters.get(name)
             if handle is None:
-                handle = self._share_waiters[name] = Handle(self, 0 if name in self._shared else 1, None,
+                handle = protocol.share_waiters[name] = Handle(self, 0 if name in protocol.shared else 1, None,
                                                             f"share of {name!r}", [])
         if frame is not None:
             self._submit([(self._links[0], frame)])
         handle.wait(timeout)
-        return self._shared[name]
+        return protocol.shared[name]
 

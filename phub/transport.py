@@ -156,6 +156,21 @@ class Link:
         except OSError:
             pass
 
+    def limit_control(self, nbytes: int) -> None:
+        """Refuse control frames larger than `nbytes` from now on (a peer not yet authenticated)."""
+        self.receiver.max_control = nbytes
+
+    def finish(self, last: Optional[bytes] = None, discard_queued: bool = False) -> None:
+        """Close, after sending `last` (behind what is queued, or instead of it with
+        `discard_queued`: a result cut mid-way is worthless, an ERROR must get through); waits
+        at most a second for it to leave."""
+        if last is not None and not self.closed:
+            if discard_queued:
+                self.outq.clear()
+            self.send(last)
+            self.flush_blocking(1.0)
+        self.close()
+
     def close(self) -> None:
         if self.closed:
             return

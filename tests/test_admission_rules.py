@@ -9,7 +9,7 @@ from phub.chunking import Topology
 from phub.config import JobSpec
 from phub.errors import ProtocolError
 from phub.kernels import get_backend
-from phub.session import Job
+from phub.protocol.jobs import Job
 
 LIMITS = messages.Limits(job_ids=frozenset({7}), cores=1, racks=2)
 
@@ -21,7 +21,7 @@ def hello(**fields):
 
 def server_job(ended=None):
     """Ranks 2 and 3 of a 4-worker job 7, with the state its first lane HELLO would set up."""
-    job = Job(JobSpec(7, 2, "s3cret", first_rank=2, total_workers=4))
+    job = Job(JobSpec(7, 2, "s3cret", first_rank=2, total_workers=4), now=0.0)
     job.ended = ended
     job.state = JobState(7, 2, Topology(interfaces=2, cores=1), 32 * 1024, 0, get_backend("reference"),
                          total_workers=4)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import phub
 from phub import wire
-from phub.admission import MAX_PENDING_PER_ADDRESS
+from phub.protocol.admission import MAX_PENDING_PER_ADDRESS
 from phub.errors import JobFailed
 from phub.transport import recv_control
 

@@ -10,7 +10,7 @@ frame. What moves to RDMA is the data:
     (the batch's buffers)                -> one registered region per (NIC, batch), laid out by
                                             `layout.CoreRegistration`; the aggregation state's
                                             weights, slots and results live in it (`buffers`)
-    READY    {"rdma": server region}     <- per worker (`ready_params`): where its slots are
+    READY    {"rdma": server region}     <- per worker (`ready`): where its slots are
     push                                 <- a write-with-immediate into the worker's slot; `poll`
                                             turns its completion into the PUSH header the state
                                             machine takes (`immediate.push_header`)
@@ -35,8 +35,17 @@ from .layout import CoreRegistration, WorkerRegistration
 
 
 class CoreVerbs:
-    """One job's verbs data path on one server core. `state` is the job's `aggregation.JobState`;
-    `devices` maps interface index -> device name (missing: the provider's first usable port)."""
+    """One job's verbs data path on one server core (the interface of `datapath.TcpServerPath`).
+    `state` is the job's `aggregation.JobState`; `devices` maps interface index -> device name
+    (missing: the provider's first usable port)."""
+
+    pushes_overtake_control = True  # an RDMA write does not queue behind the lane's control frames
+    frames_carry_pushes = False
+    keeps_arrays_after_failure = True  # completions still in the queues name the state's chunks
+
+    @classmethod
+    def for_job(cls, transport: str, job_id: int, state, devices: Dict[int, str]) -> "CoreVerbs":
+        return cls(transport, state, devices)
 
     def __init__(self, transport: str, state, devices: Optional[Dict[int, str]] = None):
         self.transport = transport
@@ -64,7 +73,8 @@ class CoreVerbs:
 
     # -- handshake ------------------------------------------------------------------------------
     def hello(self, interface: int, lane: int, local: int, rank: int, body: dict) -> dict:
-        """A worker's lane HELLO: make and connect its queue pair; return the WELCOME's rdma field."""
+        """A worker's lane HELLO: make and connect its queue pair; return the WELCOME's rdma field.
+        ProtocolError / ConfigError / JobFailed refuse the worker."""
         remote = connect.extract(body, f"rank {rank}")
         try:
             nic = self._nic(interface)
@@ -79,7 +89,7 @@ class CoreVerbs:
         self.peers[(lane, local)] = (writer, rank, interface)
         self.by_qp[interface][conn.qp_num] = (lane, local)
         self.writers[interface][conn.qp_num] = writer
-        return conn.local_params(nic.scratch).to_json()
+        return {"rdma": conn.local_params(nic.scratch).to_json()}
 
     def registered(self, lane: int, local: int, batch: int, body: dict) -> None:
         """A REGISTER's region (after the state machine laid out the batch): checked to cover it."""
@@ -97,11 +107,11 @@ class CoreVerbs:
             self.worker_layouts[batch] = WorkerRegistration(self.state.plan, batch)
         return self.worker_layouts[batch]
 
-    def ready_params(self, lane: int, local: int, batch: int) -> dict:
+    def ready(self, lane: int, local: int, batch: int) -> dict:
         """The READY's rdma field for one worker: this core's region of the lane's NIC and batch."""
         writer, _, interface = self.peers[(lane, local)]
         region = self.regions.get((interface, batch), self.nics[interface].scratch)  # scratch: no chunks here
-        return writer.conn.local_params(region).to_json()
+        return {"rdma": writer.conn.local_params(region).to_json()}
 
     # -- buffers --------------------------------------------------------------------------------
     def buffers(self, chunks) -> list:
@@ -133,9 +143,9 @@ class CoreVerbs:
         return groups
 
     # -- data -----------------------------------------------------------------------------------
-    def send_result(self, chunk_state) -> None:
+    def send_result(self, chunk_state, links=()) -> None:
         """Write a chunk's result (its weights, or in aggregation mode its aggregate) to every
-        worker of its lane; the immediate names the worker and the chunk."""
+        worker of its lane (not over its `links`); the immediate names the worker and the chunk."""
         reg, chunk = self.registration, chunk_state.chunk
         source = reg.weights(chunk.id) if chunk_state.result_view is chunk_state.weight_view else reg.result(chunk.id)
         region = self.regions[(source.interface, chunk.batch)]

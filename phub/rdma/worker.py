@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from ..chunking import ChunkPlan
+from ..chunking import ITEMSIZE, ChunkPlan
 from ..errors import ProtocolError
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
@@ -30,8 +30,13 @@ MIN_NAP = 0.0001
 
 
 class WorkerVerbs:
-    """`rows[s]` is this worker's slot row on server s (its rank minus the server's first rank)
+    """A worker's verbs data path (the interface of `datapath.TcpWorkerPath`).
+
+    `rows[s]` is this worker's slot row on server s (its rank minus the server's first rank)
     and `workers_here[s]` how many workers that server serves."""
+
+    pushes_overtake_control = True  # an RDMA write does not queue behind the lane's control frames
+    frames_carry_results = False
 
     def __init__(self, transport: str, plan: ChunkPlan, rank: int, rows: List[int], workers_here: List[int],
                  device: Optional[str] = None):
@@ -44,10 +49,11 @@ class WorkerVerbs:
         self.layouts: Dict[int, WorkerRegistration] = {}
         self.targets: Dict[Tuple[int, int], connect.ConnParams] = {}  # (lane, batch) -> core's region
         # chunk id -> (lane, batch, gradient offset, bytes, offset of our slot in the core's region, immediate)
-        self.pushes: Dict[int, Tuple[int, int, int, int, int, int]] = {}
+        self.push_plan: Dict[int, Tuple[int, int, int, int, int, int]] = {}
 
     @classmethod
-    def for_servers(cls, transport: str, plan: ChunkPlan, rank: int, welcomes: List[dict]) -> "WorkerVerbs":
+    def for_servers(cls, transport: str, job_id: int, rank: int, plan: ChunkPlan,
+                    welcomes: List[dict]) -> "WorkerVerbs":
         """From the servers' discovery WELCOMEs; the port is PHUB_RDMA_DEVICE's, or the first usable."""
         return cls(transport, plan, rank, [rank - w["first_rank"] for w in welcomes],
                    [w["workers_here"] for w in welcomes], os.environ.get(ENV_RDMA_DEVICE))
@@ -57,18 +63,19 @@ class WorkerVerbs:
         return max(self.nic.nap, MIN_NAP)
 
     # -- handshake (before the I/O thread runs) ----------------------------------------------
-    def hello_params(self, lane: int) -> dict:
+    def hello(self, lane: int) -> dict:
         """The lane HELLO's rdma field: a fresh queue pair, with receives posted for results."""
         conn = self.nic.connection()
         conn.post_receives(RECEIVE_DEPTH)
         self.lane_writer[lane] = self.writers[conn.qp_num] = Writer(conn)
-        return conn.local_params(self.nic.scratch).to_json()
+        return {"rdma": conn.local_params(self.nic.scratch).to_json()}
 
     def welcomed(self, lane: int, welcome: dict) -> None:
         self.lane_writer[lane].conn.connect(connect.extract(welcome, "the server"))
 
-    def register_batch(self, batch: int) -> List[dict]:
-        """Register batch `batch`'s region (after the plan has it); the REGISTER rdma field per lane."""
+    def register_batch(self, batch: int, num_lanes: int) -> List[dict]:
+        """Register batch `batch`'s region (after the plan has it); the REGISTER rdma field of
+        each of the `num_lanes` lanes."""
         layout = self.layouts[batch] = WorkerRegistration(self.plan, batch)
         region = self.regions[batch] = self.nic.register(Memory(layout.length))
         for (server, core), lanes in core_lanes(self.plan).items():
@@ -83,8 +90,8 @@ class WorkerVerbs:
             owner = self.owners[(server, topology.lane_core(lane))]
             offset, nbytes = layout.gradient(chunk_id)
             slot = owner.in_batch_region(owner.slot(chunk_id, self.rows[server]), chunk_id)
-            self.pushes[chunk_id] = (lane, batch, offset, nbytes, slot, immediate.encode(self.rank, chunk_id))
-        return [self.lane_writer[lane].conn.local_params(region).to_json() for lane in sorted(self.lane_writer)]
+            self.push_plan[chunk_id] = (lane, batch, offset, nbytes, slot, immediate.encode(self.rank, chunk_id))
+        return [{"rdma": self.lane_writer[lane].conn.local_params(region).to_json()} for lane in range(num_lanes)]
 
     def ready(self, lane: int, batch: int, body: dict) -> None:
         """A lane's READY for `batch`: where the owning core's region for the batch is."""
@@ -97,9 +104,14 @@ class WorkerVerbs:
         self.targets[(lane, batch)] = target
 
     # -- data (I/O thread) ---------------------------------------------------------------------
+    def pushes(self, links, chunks, iteration: int, grad: memoryview) -> list:
+        """The sends of one pushpull, as (sender, *parts) items for the I/O thread: each one
+        `send(chunk id, its gradient bytes)` (the chunk id is the write's immediate, no header)."""
+        return [(self, c.id, grad[c.offset * ITEMSIZE:c.offset * ITEMSIZE + c.nbytes]) for c in chunks]
+
     def send(self, chunk_id: int, data: memoryview) -> None:
         """Push one chunk: copy `data` (its gradient) into the region, write it into our slot."""
-        lane, batch, offset, nbytes, slot, imm = self.pushes[chunk_id]
+        lane, batch, offset, nbytes, slot, imm = self.push_plan[chunk_id]
         region = self.regions[batch]
         region.memory.bytes(offset, nbytes)[:] = data
         self.lane_writer[lane].write(region, offset, nbytes, self.targets[(lane, batch)], slot, imm)

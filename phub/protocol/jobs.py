@@ -1,14 +1,19 @@
-"""What one server core knows about each job and each connection (shared by core.py and racklinks.py)."""
+"""What one server core knows about each job and each connection (no I/O; see server.py).
+
+A connection here is whatever object the core's loop hands the protocol for it: a
+`transport.Link` in a server, a `phub.testing.MemoryConnection` in a test.
+"""
 from __future__ import annotations
 
 import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .aggregation import ChunkState, JobState
-from .config import JobSpec
-from .hierarchy import HierarchicalJobState
-from .transport import Link
+from ..aggregation import ChunkState, JobState
+from ..config import JobSpec
+from ..hierarchy import HierarchicalJobState
+
+Connection = object  # send(*parts), finish(last, discard_queued), close(), closed, limit_control(n)
 
 
 class Job:
@@ -19,18 +24,18 @@ class Job:
     rack server, by whichever comes first: a worker or another rack.
     """
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, now: float):
         self.spec = spec
         self.state: Optional[JobState] = None
-        self.verbs = None  # the job's verbs data path on this core (rdma.serving.CoreVerbs), if used
+        self.data = None  # how its chunks move (datapath.TcpServerPath, or an RDMA one), with the state
         self.shard: Tuple[int, int] = (0, 1)  # (this server's index, number of shards)
-        self.links: Dict[int, List[Optional[Link]]] = {}  # lane -> link per local worker
-        self.peer_links: Dict[int, Link] = {}  # rack -> link to that rack's server (same core)
+        self.links: Dict[int, List[Optional[Connection]]] = {}  # lane -> connection per local worker
+        self.peer_links: Dict[int, Connection] = {}  # rack -> connection to that rack's server (same core)
         self.rack_backlog: Dict[int, list] = {}  # rack -> frames to send once it has connected
         self.said_bye: set = set()  # (lane, local rank) of workers that closed cleanly
         self.racks_done: set = set()  # racks whose server said it has finished the job
         self.ended: Optional[str] = None  # None while running; "" = finished cleanly; else the error
-        self.last_progress = time.monotonic()
+        self.last_progress = now
         self.stall_reported = False
         self.registered_bytes = 0  # counted against the server's max_job_bytes (messages.register)
         self.joined: set = set()  # ranks with a lane admitted on this core
@@ -111,10 +116,10 @@ class Peer:
 
     __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending", "greeted")
 
-    def __init__(self, interface: int, address: str = ""):
+    def __init__(self, interface: int, address: str = "", since: float = 0.0):
         self.interface = interface
         self.address = address  # the remote IP address
-        self.since = time.monotonic()  # when the connection was accepted
+        self.since = since  # when the connection was accepted
         self.pending = False  # counted among its address's connections that have not authenticated
         self.greeted = False  # it sent a HELLO (one per connection)
         self.job: Optional[Job] = None
@@ -131,12 +136,12 @@ class RefusalLog:
 
     MAX_CAUSES = 100  # distinct causes remembered; later ones are counted as "other"
 
-    def __init__(self, log: Callable[[str], None], every: float = 10.0):
+    def __init__(self, log: Callable[[str], None], every: float = 10.0, now: Optional[float] = None):
         self._log = log
         self._every = every
         self._seen: set = set()
         self._counts: Dict[str, int] = {}
-        self._last = time.monotonic()
+        self._last = time.monotonic() if now is None else now
 
     def refused(self, message: str) -> None:
         cause = re.sub(r"\d+", "N", message)[:120]

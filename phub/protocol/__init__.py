@@ -1,0 +1,14 @@
+"""phub's protocol, with no I/O: what the frames on a connection mean and what each side answers.
+
+The transports (`phub.transport`, `phub.datapath`, `phub.rdma`) only move bytes; these modules
+decide. Each is driven by its side's I/O loop and tested by feeding it frames (`phub.testing`):
+
+- `phub.wire`       framing: the 32-byte header, data and control frames, `FrameReceiver`
+- `phub.messages`   one validator per control message (types and bounds, ProtocolError naming the field)
+- `server`          `CoreProtocol`: one server core's connections and jobs (handshake, frames,
+                    BYE, failures, stalls, the links to other racks); driven by `phub.core`
+- `worker`          `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
+                    driven by the client's I/O thread (`phub.clientloop`)
+- `jobs`            what a core knows of a job and of a connection; `admission`: strangers
+- `phub.aggregation`, `phub.hierarchy`: the per-chunk state machines the server side feeds
+"""

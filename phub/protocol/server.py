@@ -1,0 +1,535 @@
+"""The protocol of one server core, with no I/O: what each frame means and what goes back.
+
+`CoreProtocol` is handed connections (objects that queue bytes: `send`, `finish`, `close`; a
+`transport.Link` in a server, `phub.testing.MemoryConnection` in a test) and the frames that
+arrive on them; it answers by sending on them. The core's loop (`phub.core`) only moves bytes:
+
+    connection_made(conn, interface, address)    a worker or another rack connected (or refuse)
+    payload_target(conn, header) -> memoryview   where a data frame's payload must land
+    frame_received(conn, frame)                  a whole frame arrived
+    fast_pushes(conn, staging, start, end)       many pushes at once, in C (a staged TCP link)
+    connection_lost(conn, reason, midframe)      / bad_frame(conn, why) / data_path_failed(...)
+    poll_data_paths(); tick()                    RDMA completions; stalls and deadlines
+
+A connection's life: accepted (a stranger: small frames only, a deadline) -> HELLO (typed and
+bounded by `messages.hello`, then `Job.refusal` / `Job.lane_refusal`) -> WELCOME, or ERROR and
+closed -> REGISTER / INIT / OPTIMIZER / PUSH ... (the job's aggregation state machine,
+aggregation.py or hierarchy.py, decides; its events become RESULT / READY / PARTIAL frames) ->
+BYE (the worker is done) or a failure. A failure of any connection of a job fails the job:
+every connection of it gets an ERROR naming the cause and is closed; the core serves on.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Callable, Dict, Optional
+
+from .. import messages, wire
+from ..aggregation import ChunkState, JobState, ReadyLane, Result
+from ..config import ServerConfig
+from ..datapath import server_path, server_path_class
+from ..errors import ConfigError, JobFailed, ProtocolError
+from ..hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
+from .admission import HANDSHAKE_SECONDS, Strangers
+from .jobs import Job, Peer, RefusalLog
+
+try:
+    from .._fastpath import drain_pushes
+except ImportError:  # not built: every frame takes the Python path
+    drain_pushes = None
+
+_PUSH = wire.Kind.PUSH
+_SERVER = wire.SERVER_SENDER
+
+
+def _stderr(message: str) -> None:
+    print(f"phub server: {message}", file=sys.stderr, flush=True)
+
+
+def _stdout_json(event: dict) -> None:
+    print(json.dumps(event), flush=True)
+
+
+class CoreProtocol:
+    """Every job of one server core, and every connection to it.
+
+    `open_connection(address)` opens a connection to another rack's server (for two-phase
+    reduction; it may block until that server listens and raises ConfigError if it never does);
+    `log` takes the core's log lines, `report` the events a launcher reads (a rank joined);
+    `clock` is the monotonic clock every deadline is measured on.
+    """
+
+    def __init__(self, config: ServerConfig, core: int, endpoints, kernels,
+                 open_connection: Optional[Callable] = None, log: Callable[[str], None] = _stderr,
+                 report: Callable[[dict], None] = _stdout_json, clock: Callable[[], float] = time.monotonic):
+        self.config, self.core, self.endpoints, self.kernels = config, core, endpoints, kernels
+        self.open_connection, self.report, self.clock = open_connection, report, clock
+        self.log = lambda message: log(f"core {core}: {message}")
+        now = clock()
+        self.jobs: Dict[int, Job] = {spec.job_id: Job(spec, now) for spec in config.jobs}
+        self.peers: Dict[object, Peer] = {}  # connection -> what it has proven about itself
+        self.strangers = Strangers()
+        self.refusals = RefusalLog(self.log, now=now)
+        self.limits = messages.Limits(frozenset(self.jobs), config.cores, config.racks, config.chunk_bytes,
+                                      config.max_job_bytes)
+        self._next_sweep = now + 1.0
+        # Pushes may go through the C loop when it is built, the kernels are the C ones (it folds
+        # with the same loops) and they travel as frames; else every frame takes the Python path.
+        self.fast_pushes_on = drain_pushes is not None and kernels.name == "fast" and \
+            server_path_class(config.transport).frames_carry_pushes
+
+    # -- the loop's questions ----------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        """Every job has ended and the core serves only those (`once`): the loop may stop."""
+        return self.config.once and all(job.ended is not None for job in self.jobs.values())
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if any(job.ended for job in self.jobs.values()) else 0
+
+    @property
+    def nap(self) -> float:
+        """How long the loop may wait for sockets: a second, or the shortest data path's polling gap."""
+        return min([job.data.nap for job in self.jobs.values()
+                    if job.data is not None and job.data.nap is not None and job.ended is None] or [1.0])
+
+    def rack_connections(self):
+        """The connections to other racks' servers (still reading our last partials at the end)."""
+        return [conn for job in self.jobs.values() for conn in job.peer_links.values()]
+
+    # -- connections -----------------------------------------------------------------------
+    def refusal(self, address: str) -> Optional[str]:
+        """Why a connection from `address` is refused before it is even read (logged), or None."""
+        message = self.strangers.refusal(address)
+        if message:
+            self.refusals.refused(message)
+        return message
+
+    def connection_made(self, conn, interface: int, address: str) -> None:
+        """A stranger connected on `interface`: small control frames only until its HELLO."""
+        peer = self.peers[conn] = Peer(interface, address, self.clock())
+        conn.limit_control(wire.HANDSHAKE_CONTROL_BYTES)  # no big allocation before a HELLO
+        self.strangers.arrived(peer)
+
+    def connection_lost(self, conn, reason: str, midframe: bool) -> None:
+        peer = self.peers.get(conn)
+        self._drop(conn)
+        if peer is None or peer.job is None or peer.job.ended is not None:
+            return
+        job = peer.job
+        if peer.rack >= 0:
+            if peer.rack not in job.racks_done or midframe:
+                self._fail(job, f"rack {peer.rack}'s server lost: {reason}")
+            return
+        if (peer.lane, peer.local) in job.said_bye and not midframe:
+            return
+        self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}")
+
+    def bad_frame(self, conn, message: str) -> None:
+        """The connection sent something that breaks the protocol (or that the server could not handle)."""
+        peer = self.peers.get(conn)
+        if peer is None or peer.job is None:
+            return self._refuse(conn, f"protocol error: {message}")
+        if peer.job.ended is not None:  # a late frame of a job that is over: nobody to tell
+            return self._drop(conn)
+        who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
+        self._fail(peer.job, f"{who} sent a bad frame: {message}")
+
+    def data_path_failed(self, conn, error: Exception) -> None:
+        """The RDMA work a frame of `conn` asked for could not be done: its job fails."""
+        peer = self.peers.get(conn)
+        if peer is not None and peer.job is not None:
+            self._fail(peer.job, f"RDMA data path: {error}")
+
+    # -- frames ----------------------------------------------------------------------------
+    def payload_target(self, conn, header: wire.Header) -> memoryview:
+        peer = self.peers[conn]
+        job = peer.job
+        # The hot path: a push from the connection's own worker (what check_sender checks, as
+        # the rank was checked against the job at HELLO); anything else takes the full checks.
+        if header.kind is _PUSH and job is not None and header.sender == peer.rank \
+                and header.job == job.spec.job_id and peer.rack < 0:
+            return job.state.push_target(peer.local, header, peer.lane)
+        if job is None:
+            raise ProtocolError(f"{header.kind.name} data frame before HELLO")
+        if peer.rack >= 0:
+            wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
+            if header.kind is wire.Kind.PARTIAL:
+                return job.state.partial_target(peer.rack, header)
+            if header.kind is wire.Kind.INIT:
+                return job.state.peer_init_target(peer.rack, header)
+            raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
+        if header.kind is wire.Kind.PUSH:
+            return job.state.push_target(peer.local, header, peer.lane)
+        if header.kind is wire.Kind.INIT:
+            return job.state.init_target(peer.local, header, peer.lane)
+        if header.kind is wire.Kind.STATE:
+            return job.state.state_target(peer.local, header, peer.lane)
+        raise ProtocolError(f"a worker may not send {header.kind.name} frames")
+
+    def frame_received(self, conn, frame: wire.Frame) -> None:
+        peer = self.peers[conn]
+        header = frame.header
+        kind = header.kind
+        job = peer.job
+        if kind is _PUSH:  # the hot path first (a PUSH only lands after payload_target's checks)
+            job.last_progress = self.clock()
+            events = job.state.on_push(peer.local, header)
+            if events:
+                self._act(job, events)
+            if job.said_bye:  # a worker has left: this round may never complete
+                self._check_stranded(job, peer.lane, (job.state.owned[header.chunk],))
+            return
+        if kind is wire.Kind.HELLO:
+            return self._hello(conn, peer, frame.json())
+        if peer.pending or job is None:  # a discovery connection may say nothing more
+            raise ProtocolError(f"{kind.name} frame before HELLO")
+        job.last_progress = self.clock()
+        if peer.rack >= 0:
+            return self._rack_frame(job, peer, frame)
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
+        if kind is wire.Kind.INIT:
+            self._act(job, job.state.on_init(header, peer.lane))
+        elif kind is wire.Kind.REGISTER:
+            self._register(job, peer, frame.json())
+        elif kind is wire.Kind.OPTIMIZER:
+            if peer.local != 0:
+                raise ProtocolError(f"OPTIMIZER frame from rank {peer.rank}: only the first worker sets the optimizer")
+            job.state.set_optimizer(peer.lane, messages.optimizer(frame.json()))
+            if job.data.pushes_overtake_control:  # the leader's next pushes wait for this echo
+                conn.send(wire.control_frame(wire.Kind.OPTIMIZER, job.spec.job_id, _SERVER, {}))
+        elif kind is wire.Kind.BYE:
+            job.said_bye.add((peer.lane, peer.local))
+            if self._check_stranded(job, peer.lane, job.state.pending()):
+                return
+            if len(job.said_bye) == len(job.links) * job.spec.num_workers:
+                job.ended = ""
+                self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+        elif kind is wire.Kind.STATE:
+            pass  # a checkpointed momentum, already in place (JobState.state_target)
+        elif kind is wire.Kind.STATE_REQUEST:
+            for state in job.state.lane_states(peer.lane):  # copies: a round may complete before they leave
+                mom = state.mom.tobytes() if state.mom is not None else bytes(state.chunk.nbytes)
+                conn.send(wire.pack_header(wire.Kind.STATE, job.spec.job_id, _SERVER, state.chunk.id,
+                                           state.rounds, state.chunk.nbytes), mom)
+        elif kind is wire.Kind.SHARE:
+            if peer.rank != 0 or peer.lane != 0:
+                raise ProtocolError(f"SHARE frame from rank {peer.rank} on lane {peer.lane}: only rank 0 shares, "
+                                    "on lane 0")
+            name, value = messages.share(frame.json())
+            self._share(job, name, value)
+            self._to_racks(job, wire.control_frame(wire.Kind.SHARE, job.spec.job_id, self.config.rack,
+                                                   {"name": name, "value": value}))
+        elif kind is wire.Kind.ERROR:
+            self._fail(job, f"rank {peer.rank} gave up: {messages.error_message(frame.json())}")
+        else:
+            raise ProtocolError(f"a worker may not send {kind.name} frames")
+
+    def fast_pushes(self, conn, staging: memoryview, start: int, end: int):
+        """The C loop over a staged link's pushes (see transport.StagedLink); a worker's link only."""
+        peer = self.peers[conn]
+        job = peer.job
+        if job is None or peer.rack >= 0 or job.state is None or job.ended is not None:
+            return start, True
+        state = job.state
+        completed: list = []
+        offset, at_frame = drain_pushes(staging, start, end, job.spec.job_id, peer.rank, peer.lane, peer.local,
+                                        state.num_workers, state.fast_table, state.fast_states, completed)
+        if offset != start:
+            job.last_progress = self.clock()
+            if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
+                finish, send = state.finish_round, self._send_result
+                for chunk, acc, last in completed:
+                    finish(chunk, acc, last)
+                    send(job, chunk)
+            else:
+                for chunk, acc, last in completed:
+                    self._act(job, state._local_round_done(chunk, acc, last))
+            if job.said_bye and job.ended is None:  # a worker has left: these rounds may never complete
+                self._check_stranded(job, peer.lane, state.pending())
+        return offset, at_frame
+
+    def _share(self, job: Job, name: str, value) -> None:
+        """Keep rank 0's value and hand it to every worker on lane 0 (to later ones when they connect)."""
+        if name in job.shared:
+            raise ProtocolError(f"SHARE: {name!r} was shared already")
+        job.shared[name] = value
+        frame = _share_frame(job, name, value)
+        for conn in job.links.get(0, ()):
+            if conn is not None:
+                conn.send(frame)
+
+    def _register(self, job: Job, peer: Peer, body: dict) -> None:
+        new = body.get("batch") == len(job.state.plan.batches)  # a batch registered before costs nothing again
+        budget = self.config.max_job_bytes - job.registered_bytes if new else self.config.max_job_bytes
+        register = messages.register(body, self.limits, budget)
+        try:
+            events = job.state.register(peer.local, peer.lane, register.batch, register.arrays)
+        except MemoryError:
+            raise ProtocolError(f"REGISTER: this server has no memory for batch {register.batch} "
+                                f"({register.cost} bytes)") from None
+        if new:
+            job.registered_bytes += register.cost
+        job.data.registered(peer.lane, peer.local, register.batch, body)  # the batch is laid out now
+        self._act(job, events)
+
+    def _hello(self, conn, peer: Peer, body: dict) -> None:
+        if peer.greeted or not peer.pending:  # also after a discovery: its WELCOME is not sent twice
+            raise ProtocolError("HELLO sent twice on one connection")
+        peer.greeted = True
+        hello = messages.hello(body, self.limits)  # every field typed and bounded before it is used
+        job = self.jobs[hello.job]
+        refusal = job.refusal(hello)
+        if refusal:
+            return self._refuse(conn, refusal)
+        if hello.peer_rack is not None:
+            return self._rack_hello(conn, peer, job, hello)
+        spec = job.spec
+        rank, lane = hello.rank, hello.lane
+        welcome = {
+            "cores": self.config.cores, "interfaces": list(self.config.interfaces),
+            "lanes_per_pair": self.config.lanes_per_pair, "chunk_bytes": self.config.chunk_bytes,
+            "endpoints": self.endpoints, "first_rank": spec.first_rank, "workers_here": spec.num_workers,
+            "transport": self.config.transport,
+        }
+        if lane == -1:  # discovery only: answer, and let the worker close
+            return conn.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, _SERVER, welcome))
+        if job.state is None:
+            error = self._create_state(job, hello.shard)
+            if error:
+                return self._refuse(conn, error)
+        refusal = job.lane_refusal(hello, peer.interface)
+        if refusal:
+            return self._refuse(conn, refusal)
+        local = rank - spec.first_rank
+        try:
+            welcome.update(job.data.hello(peer.interface, lane, local, rank, body))
+        except (ProtocolError, JobFailed, ConfigError) as exc:
+            return self._refuse(conn, f"rank {rank} lane {lane}: RDMA connection failed: {exc}")
+        peer.job, peer.rank, peer.local, peer.lane = job, rank, local, lane
+        self._admitted(conn, peer)
+        job.links[lane][local] = conn
+        job.last_progress = self.clock()
+        if self.config.report_joins and rank not in job.joined:  # the launcher learns who connected
+            self.report({"event": "joined", "job": spec.job_id, "rank": rank})
+        job.joined.add(rank)
+        conn.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, _SERVER, welcome))
+        if lane == 0:  # what rank 0 shared before this worker connected
+            for name, value in job.shared.items():
+                conn.send(_share_frame(job, name, value))
+
+    def _admitted(self, conn, peer: Peer) -> None:
+        """The peer's HELLO was accepted: it may now send frames of every size."""
+        conn.limit_control(wire.MAX_CONTROL_BYTES)
+        self.strangers.left(peer)
+
+    def _create_state(self, job: Job, shard) -> Optional[str]:
+        """Set up the job on this core; returns an error message instead if the layout is invalid."""
+        try:
+            if self.config.peers and shard != (0, 1):
+                raise ConfigError("a rack server cannot also be a shard")
+            topology = self.config.topology_with(shard[1])
+        except ConfigError as exc:
+            return f"invalid shard layout: {exc}"
+        args = (job.spec.job_id, job.spec.num_workers, topology, self.config.chunk_bytes, self.core, self.kernels)
+        if self.config.peers:
+            job.state = HierarchicalJobState(*args, total_workers=job.spec.total_workers,
+                                             rack=self.config.rack, racks=self.config.racks)
+        else:
+            job.state = JobState(*args, server=shard[0], total_workers=job.spec.total_workers)
+        job.data = server_path(self.config.transport, job.spec.job_id, job.state,
+                               dict(enumerate(self.config.rdma_devices)))
+        job.shard = shard
+        job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
+        for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
+            try:
+                job.peer_links[rack] = self._connect_rack(job, rack)
+            except ConfigError as exc:  # the job cannot run without that rack: it fails, the core serves on
+                self._fail(job, str(exc))
+                return str(exc)
+        return None
+
+    # -- sending ----------------------------------------------------------------------------
+    def _act(self, job: Job, events: list) -> None:
+        """Carry out what the aggregation state machine asked for."""
+        for event in events:
+            if isinstance(event, Result):
+                self._send_result(job, event.state)
+            elif isinstance(event, ReadyLane):
+                for state in event.chunks:
+                    self._send_result(job, state)
+                for local, conn in enumerate(job.links[event.lane]):  # each worker learns where its slots are
+                    ready = {"batch": event.batch, **job.data.ready(event.lane, local, event.batch)}
+                    conn.send(wire.control_frame(wire.Kind.READY, job.spec.job_id, _SERVER, ready))
+            elif isinstance(event, SendPartial):
+                header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
+                                          event.state.chunk.id, event.iteration, event.state.chunk.nbytes)
+                self._to_racks(job, header, event.view)
+            elif isinstance(event, SendPeerInit):  # to a rack that has connected: it sent PEER_READY
+                conn = job.peer_links[event.rack]
+                for state in event.chunks:
+                    conn.send(wire.pack_header(wire.Kind.INIT, job.spec.job_id, self.config.rack,
+                                               state.chunk.id, 0, state.chunk.nbytes), state.weight_view)
+            elif isinstance(event, SendPeerReady):
+                self._to_racks(job, wire.control_frame(wire.Kind.PEER_READY, job.spec.job_id, self.config.rack,
+                                                       {"batch": event.batch}))
+
+    def _send_result(self, job: Job, state: ChunkState) -> None:
+        job.data.send_result(state, job.links[state.chunk.lane])
+
+    # -- other racks (two-phase reduction: core c of every rack talks to core c of the others) --
+    def _rack_frame(self, job: Job, peer: Peer, frame: wire.Frame) -> None:
+        header = frame.header
+        if header.kind is wire.Kind.ERROR:  # whoever it claims to be from: the job is over
+            return self._fail(job, f"rack {peer.rack} failed: {messages.error_message(frame.json())}")
+        wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
+        if header.kind is wire.Kind.PARTIAL:
+            self._act(job, job.state.on_partial(peer.rack, header))
+        elif header.kind is wire.Kind.INIT:
+            self._act(job, job.state.on_peer_init(header))
+        elif header.kind is wire.Kind.PEER_READY:
+            self._act(job, job.state.on_peer_ready(peer.rack, messages.peer_ready(frame.json())))
+        elif header.kind is wire.Kind.SHARE and peer.rack == 0:  # rank 0's value, for this rack's workers
+            self._share(job, *messages.share(frame.json()))
+        elif header.kind is wire.Kind.BYE:
+            job.racks_done.add(peer.rack)
+        else:
+            raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
+
+    def _connect_rack(self, job: Job, rack: int):
+        """Open this core's connection to core `self.core` of rack `rack` (lower racks call higher ones)."""
+        host, port = self.config.peers[rack].rsplit(":", 1)
+        address = (host, int(port) + self.core)  # every rack server uses the same port layout
+        try:
+            conn = self.open_connection(address)
+        except ConfigError as exc:
+            raise ConfigError(f"cannot reach rack {rack}'s server at {address[0]}:{address[1]}: {exc}") from None
+        hello = {"job": job.spec.job_id, "token": job.spec.token, "peer_rack": self.config.rack, "core": self.core}
+        conn.send(wire.control_frame(wire.Kind.HELLO, job.spec.job_id, self.config.rack, hello))
+        peer = self.peers[conn] = Peer(-1, since=self.clock())
+        peer.job, peer.rack = job, rack
+        return conn
+
+    def _rack_hello(self, conn, peer: Peer, job: Job, hello: messages.Hello) -> None:
+        rack = hello.peer_rack  # typed and within the racks by messages.hello
+        if not self.config.peers or not 0 <= rack < self.config.rack:
+            return self._refuse(conn, f"unexpected rack server hello from rack {rack!r}")
+        if hello.core != self.core or rack in job.peer_links:
+            return self._refuse(conn, f"rack {rack} connected core {hello.core!r} to core {self.core} twice "
+                                      "or to the wrong core")
+        if job.state is None:
+            error = self._create_state(job, (0, 1))
+            if error:
+                return self._refuse(conn, error)
+        peer.job, peer.rack = job, rack
+        self._admitted(conn, peer)
+        job.peer_links[rack] = conn
+        for parts in job.rack_backlog.pop(rack, ()):
+            conn.send(*parts)
+
+    def _to_racks(self, job: Job, *parts) -> None:
+        """Send to every other rack; a lower rack that has not connected yet gets it when it does
+        (nothing it is sent can change before then: rounds need every rack's PEER_READY)."""
+        for rack in range(self.config.racks):
+            if rack == self.config.rack:
+                continue
+            if rack in job.peer_links:
+                job.peer_links[rack].send(*parts)
+            else:
+                job.rack_backlog.setdefault(rack, []).append(parts)
+
+    # -- failures and time ------------------------------------------------------------------
+    def _refuse(self, conn, message: str) -> None:
+        """Tell a peer that has not joined a job why it is turned away, and drop it."""
+        self.refusals.refused(message)
+        self._drop(conn, wire.control_frame(wire.Kind.ERROR, 0, _SERVER, {"message": message}))
+
+    def _drop(self, conn, last: Optional[bytes] = None, discard_queued: bool = False) -> None:
+        peer = self.peers.pop(conn, None)
+        if peer is not None:
+            self.strangers.left(peer)
+        conn.finish(last, discard_queued)
+
+    def _check_stranded(self, job: Job, lane: int, states) -> bool:
+        """Fail the job if a round of `lane` waits for a worker that said BYE (Job.stranded)."""
+        message = job.stranded(lane, states)
+        if message:
+            self._fail(job, message)
+        return bool(message)
+
+    def _fail(self, job: Job, message: str) -> None:
+        if job.ended is not None:
+            return
+        job.ended = message
+        self.log(f"job {job.spec.job_id} failed: {message}")
+        frame = wire.control_frame(wire.Kind.ERROR, job.spec.job_id, _SERVER,
+                                   {"message": f"job {job.spec.job_id} failed: {message}"})
+        for conn in list(job.live_links()):
+            self._drop(conn, frame, discard_queued=True)  # a result cut mid-way is worthless
+        if job.data is None or not job.data.keeps_arrays_after_failure:  # nothing reads them again
+            job.state = None
+
+    def poll_data_paths(self) -> None:
+        """Take the pushes that landed outside the connections (RDMA writes)."""
+        for job in self.jobs.values():
+            if job.data is None or job.data.nap is None or job.ended is not None:
+                continue
+            try:
+                for local, lane, header in job.data.poll():
+                    job.last_progress = self.clock()
+                    events = job.state.on_push(local, header)
+                    if events:
+                        self._act(job, events)
+                    if job.said_bye and self._check_stranded(job, lane, (job.state.owned[header.chunk],)):
+                        break
+            except (ProtocolError, JobFailed) as exc:
+                self._fail(job, f"RDMA data path: {exc}")
+
+    def tick(self) -> None:
+        """Check the clocks: stalled jobs, strangers past their deadline (once a second), refusal counts."""
+        now = self.clock()
+        self._check_stalls(now)
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        if self.strangers.pending:
+            deadline = min(HANDSHAKE_SECONDS, self.config.timeout)
+            for conn, peer in list(self.peers.items()):
+                if peer.pending and now - peer.since > deadline:
+                    self.refusals.refused(f"no HELLO accepted within {deadline:g} s")
+                    self._drop(conn)
+        line = self.refusals.summary(now)
+        if line:
+            self.log(line)
+
+    def _check_stalls(self, now: float) -> None:
+        for job in self.jobs.values():
+            if job.ended is None and job.state is None and self.config.once and \
+                    now - job.last_progress >= self.config.timeout:  # nobody ever came: end, naming who
+                first = job.spec.first_rank
+                self._fail(job, f"no worker connected within {self.config.timeout:g} s: rank(s) "
+                                f"{list(range(first, first + job.spec.num_workers))} never did")
+                continue
+            if job.ended is not None or job.state is None or not any(job.live_links()):
+                continue
+            idle = now - job.last_progress
+            if idle < min(30.0, self.config.timeout / 2):  # checked first: pending() visits every chunk
+                job.stall_reported = False
+                continue
+            pending = job.state.pending()
+            if not pending and all(conn is not None for conns in job.links.values() for conn in conns):
+                job.stall_reported = False
+                continue
+            missing = job.missing(pending)
+            if idle >= self.config.timeout:
+                self._fail(job, f"stalled for {idle:.0f} s waiting for {missing}")
+            elif not job.stall_reported:
+                job.stall_reported = True
+                self.log(f"job {job.spec.job_id} has waited {idle:.0f} s for {missing}")
+
+
+def _share_frame(job: Job, name: str, value) -> bytes:
+    return wire.control_frame(wire.Kind.SHARE, job.spec.job_id, _SERVER, {"name": name, "value": value})

@@ -1,0 +1,129 @@
+"""A worker's side of the protocol, with no I/O: the handshake's frames, and what each frame a
+server core sends does to the operations the worker awaits.
+
+`WorkerProtocol` keeps what a `phub.Client` waits for: the results of its pushpulls (each
+chunk's destination, iteration and `Handle`), READYs of its registered batches, answers to
+`optimizer_state`, SHAREd values, the OPTIMIZER echo of an RDMA data path. The client's I/O
+thread (clientloop.py) hands it the frames of each lane:
+
+    payload_target(header, lane) -> memoryview   where a RESULT / STATE payload lands (checked)
+    frame_received(lane, frame)                  a whole frame: count it in, wake its waiters;
+                                                 raises ServerReportedError for an ERROR frame,
+                                                 ProtocolError for anything the server may not send
+    fail(error)                                  the job is over for this worker: every waiter wakes
+
+A handshake is `hello(lane, ...)` out and `welcome(frame)` back, before the I/O thread runs.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .. import messages, wire
+from ..errors import JobFailed, PHubError, ProtocolError
+
+
+class ServerReportedError(JobFailed):
+    """A server core sent ERROR: it gave up on the job (the text is its message)."""
+
+
+class WorkerProtocol:
+    """One worker's awaited operations and the frames that complete them."""
+
+    def __init__(self, job_id: int, rank: int, num_workers: int, token: str = ""):
+        self.job_id, self.rank, self.num_workers, self.token = job_id, rank, num_workers, token
+        self.error: Optional[PHubError] = None  # why the job is over for this worker
+        self.data = None  # the worker's data path (datapath.TcpWorkerPath or an RDMA one), once known
+        self.expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, iteration, handle)
+        self.expect_state: Dict[int, tuple] = {}  # chunk id -> (destination bytes, handle), see optimizer_state
+        self.ready_waiters: Dict[int, object] = {}  # batch -> handle counting READY frames
+        self.share_waiters: Dict[str, object] = {}  # name -> handle (see Client.share)
+        self.shared: Dict[str, object] = {}  # name -> rank 0's value
+        self.optimizer_acks = None  # a handle counting OPTIMIZER echoes (RDMA data paths)
+        self.lock = threading.Lock()  # `shared` and `share_waiters` are also read by the caller's thread
+        self.chunk_nbytes: List[int] = []
+        self.chunk_lanes: List[int] = []
+        self.chunk_table = np.zeros((0, 2), dtype=np.int32)  # [lane, payload bytes] by chunk id, for drain_results
+
+    # -- handshake ---------------------------------------------------------------------------
+    def hello(self, lane: int, **fields) -> bytes:
+        """The HELLO of a lane (-1: discovery only), with the data path's and the shard's `fields`."""
+        hello = {"job": self.job_id, "token": self.token, "rank": self.rank, "num_workers": self.num_workers,
+                 "lane": lane, **fields}
+        return wire.control_frame(wire.Kind.HELLO, self.job_id, self.rank, hello)
+
+    def welcome(self, frame: wire.Frame) -> dict:
+        """The server's answer to a HELLO: its WELCOME's fields; JobFailed if it refused (ERROR),
+        ProtocolError for any other frame."""
+        header, body = frame.header, frame.json()
+        if header.kind is wire.Kind.ERROR:
+            raise JobFailed(f"the server refused rank {self.rank}: {body.get('message')}")
+        if header.kind is not wire.Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME from the server, got {header.kind.name}")
+        return body
+
+    def chunks_changed(self, chunks: Sequence) -> None:
+        """The plan's chunks after an `init` (every table is replaced whole: the I/O thread reads them)."""
+        self.chunk_nbytes = [c.nbytes for c in chunks]
+        self.chunk_lanes = [c.lane for c in chunks]
+        self.chunk_table = np.array([(c.lane, c.nbytes) for c in chunks], dtype=np.int32).reshape(-1, 2)
+
+    # -- frames ------------------------------------------------------------------------------
+    def payload_target(self, header: wire.Header, lane: int) -> memoryview:
+        wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
+        lanes = self.chunk_lanes
+        if header.kind is wire.Kind.STATE:  # an answer to optimizer_state
+            wire.check_chunk(header, self.chunk_nbytes, lambda cid: lanes[cid] == lane)
+            if header.chunk not in self.expect_state:
+                raise ProtocolError(f"unexpected STATE for chunk {header.chunk}")
+            return self.expect_state[header.chunk][0]
+        if header.kind is not wire.Kind.RESULT:
+            raise ProtocolError(f"the server sent a {header.kind.name} data frame")
+        wire.check_chunk(header, self.chunk_nbytes, lambda cid: lanes[cid] == lane)
+        expected = self.expect.get(header.chunk)
+        if expected is None or expected[1] != header.iteration:
+            raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
+        return expected[0]
+
+    def frame_received(self, lane: int, frame: wire.Frame) -> None:
+        kind = frame.header.kind
+        if kind is wire.Kind.RESULT:  # its payload is in place already (payload_target)
+            self.expect.pop(frame.header.chunk)[2]._arrived()
+        elif kind is wire.Kind.READY:
+            body = frame.json()
+            batch = messages.ready(body)
+            if batch not in self.ready_waiters:
+                raise ProtocolError(f"READY for batch {batch}, which this worker did not register")
+            self.data.ready(lane, batch, body)
+            self.ready_waiters[batch]._arrived()
+        elif kind is wire.Kind.OPTIMIZER and self.data.pushes_overtake_control and self.optimizer_acks is not None:
+            self.optimizer_acks._arrived()
+        elif kind is wire.Kind.STATE:
+            self.expect_state.pop(frame.header.chunk)[1]._arrived()
+        elif kind is wire.Kind.SHARE:
+            name, value = messages.share(frame.json())
+            with self.lock:
+                self.shared[name] = value
+                handle = self.share_waiters.get(name)
+            if handle is not None and not handle.done():
+                handle._arrived()
+        elif kind is wire.Kind.ERROR:
+            raise ServerReportedError(frame.json().get("message", "the server reported an error"))
+        else:
+            raise ProtocolError(f"the server sent an unexpected {kind.name} frame")
+
+    def awaiting(self, chunk_ids: Sequence[int]) -> List[int]:
+        """Those of `chunk_ids` whose result has not arrived."""
+        return [c for c in chunk_ids if c in self.expect]
+
+    def fail(self, error: PHubError) -> None:
+        """The job is over for this worker (the first error is the one kept): wake every waiter."""
+        if self.error is None:
+            self.error = error
+        for entry in [*self.expect.values(), *self.expect_state.values()]:
+            entry[-1]._event.set()
+        for handle in [*self.ready_waiters.values(), *self.share_waiters.values(), self.optimizer_acks]:
+            if handle is not None:
+                handle._event.set()

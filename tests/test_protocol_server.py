@@ -1,0 +1,406 @@
+"""One server core's protocol (phub.protocol.server.CoreProtocol) driven without sockets or
+processes: connections are phub.testing.MemoryConnections, time is a FakeClock, and every frame
+goes in as the bytes a worker would send. Each test checks the frames that come back, the
+connections that are closed and the job's end; results against the closed form."""
+import json
+
+import numpy as np
+import pytest
+
+from phub import wire
+from phub.config import JobSpec, ServerConfig
+from phub.errors import ConfigError
+from phub.kernels import get_backend
+from phub.optim import SGD
+from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
+from phub.protocol.server import CoreProtocol
+from phub.testing import FakeClock, MemoryConnection, feed
+from conftest import refused
+
+K = wire.Kind
+CHUNK_BYTES = 1024
+SIZE = 300  # floats: two chunks (256 + 44), one lane
+TOKEN = "s3cret"
+TIMEOUT = 60.0
+LR = 0.5
+
+
+class Dropped(Exception):
+    """The protocol closed the connection: a link would read nothing more from it."""
+
+
+class Core:
+    """A CoreProtocol with what it logged and reported, and helpers that speak for workers."""
+
+    def __init__(self, workers=2, first_rank=0, total_workers=None, **config):
+        self.clock = FakeClock()
+        self.logs, self.reports = [], []
+        spec = JobSpec(0, workers, TOKEN, first_rank=first_rank, total_workers=total_workers or workers)
+        self.config = ServerConfig(jobs=(spec,), interfaces=("198.18.0.1",), chunk_bytes=CHUNK_BYTES,
+                                   timeout=TIMEOUT, once=True, **config)
+        self.opened = []
+        self.protocol = CoreProtocol(self.config, 0, [[("198.18.0.1", 9000)]], get_backend("reference"),
+                                     open_connection=self._open, log=self.logs.append,
+                                     report=self.reports.append, clock=self.clock)
+
+    def _open(self, address):
+        conn = MemoryConnection(f"to {address[0]}:{address[1]}")
+        self.opened.append((address, conn))
+        return conn
+
+    @property
+    def job(self):
+        return self.protocol.jobs[0]
+
+    def connect(self, name="", address="198.18.0.2"):
+        conn = MemoryConnection(name)
+        assert self.protocol.refusal(address) is None
+        self.protocol.connection_made(conn, 0, address)
+        return conn
+
+    def send(self, conn, data: bytes):
+        """Bytes from the peer of `conn`, received as a link receives them (none once it is closed)."""
+        def target(header):
+            if conn.closed:
+                raise Dropped
+            return self.protocol.payload_target(conn, header)
+
+        def on_frame(frame):
+            if conn.closed:
+                raise Dropped
+            self.protocol.frame_received(conn, frame)
+
+        try:
+            feed(data, target, on_frame)
+        except Dropped:
+            pass
+
+    def hello(self, conn, rank, lane=0, token=TOKEN, **fields):
+        body = {"job": 0, "token": token, "rank": rank, "num_workers": self.job.spec.total_workers, "lane": lane,
+                **fields}
+        self.send(conn, wire.control_frame(K.HELLO, 0, rank, body))
+
+    def worker(self, rank):
+        conn = self.connect(f"rank {rank}")
+        self.hello(conn, rank)
+        [welcome] = conn.take()
+        assert welcome.header.kind is K.WELCOME, welcome
+        return conn
+
+    def register(self, conn, rank):
+        self.send(conn, wire.control_frame(K.REGISTER, 0, rank, {"batch": 0, "arrays": [["w", SIZE]]}))
+
+    def ready_job(self, workers=2, optimizer=SGD(learning_rate=LR)):
+        """Every worker connected and registered, rank 0's initial weights (all ones) in, READY out."""
+        conns = [self.worker(rank) for rank in range(workers)]
+        for rank, conn in enumerate(conns):
+            self.register(conn, rank)
+        self.init(conns[0], np.ones(SIZE, np.float32))
+        for conn in conns:
+            frames = conn.take()
+            assert [f.header.kind for f in frames] == [K.RESULT, K.RESULT, K.READY]
+            assert json.loads(bytes(frames[-1].payload)) == {"batch": 0}
+        if optimizer is not None:
+            self.send(conns[0], wire.control_frame(K.OPTIMIZER, 0, 0, optimizer.to_dict()))
+        return conns
+
+    def init(self, conn, values):
+        for chunk, (start, end) in enumerate(((0, 256), (256, SIZE))):
+            self.send(conn, wire.pack_header(K.INIT, 0, 0, chunk, 0, 4 * (end - start)) + values[start:end].tobytes())
+
+    def push(self, conn, rank, iteration, values):
+        for chunk, (start, end) in enumerate(((0, 256), (256, SIZE))):
+            self.send(conn, wire.pack_header(K.PUSH, 0, rank, chunk, iteration, 4 * (end - start))
+                      + values[start:end].tobytes())
+
+
+def results(conn):
+    """The RESULT frames sent on `conn`, as one float32 array per iteration."""
+    by_round = {}
+    for frame in conn.take():
+        assert frame.header.kind is K.RESULT, frame.header
+        by_round.setdefault(frame.header.iteration, []).append((frame.header.chunk, bytes(frame.payload)))
+    return {it: np.frombuffer(b"".join(p for _, p in sorted(parts)), np.float32) for it, parts in by_round.items()}
+
+
+def error_of(conn):
+    assert conn.closed and conn.finished_with is not None
+    frame = wire.decode_header(conn.finished_with[:wire.HEADER_BYTES])
+    assert frame.kind is K.ERROR
+    return json.loads(conn.finished_with[wire.HEADER_BYTES:])["message"]
+
+
+# -- handshake --------------------------------------------------------------------------------
+def test_discovery_answers_with_the_layout_and_takes_nothing_more():
+    core = Core()
+    conn = core.connect()
+    assert conn.max_control == wire.HANDSHAKE_CONTROL_BYTES  # a stranger: small frames only
+    core.hello(conn, 0, lane=-1)
+    [welcome] = conn.take()
+    body = welcome.json()
+    assert body["cores"] == 1 and body["endpoints"] == [[["198.18.0.1", 9000]]] and body["first_rank"] == 0
+    assert body["transport"] == "tcp" and "rdma" not in body
+    refused(lambda: core.hello(conn, 0, lane=-1), "HELLO sent twice")
+    refused(lambda: core.register(conn, 0), "REGISTER frame before HELLO")
+    assert core.job.state is None and core.reports == []
+
+
+def test_a_lane_hello_admits_the_worker_and_lifts_the_frame_limit():
+    core = Core(report_joins=True)
+    conn = core.connect()
+    core.hello(conn, 1)
+    [welcome] = conn.take()
+    assert welcome.header.kind is K.WELCOME and welcome.json()["workers_here"] == 2
+    assert conn.max_control == wire.MAX_CONTROL_BYTES and not conn.closed
+    assert core.reports == [{"event": "joined", "job": 0, "rank": 1}]
+    assert core.job.links[0] == [None, conn]
+    assert core.protocol.strangers.pending == {}
+
+
+@pytest.mark.parametrize("hello, words", [
+    ({"token": "wrong"}, ["wrong token for job 0"]),
+    ({"rank": 5}, ["rank 5 is not one of this server's ranks"]),
+    ({"lane": 3}, ["lane 3 is not served on this core/interface"]),
+])
+def test_a_refused_hello_gets_an_error_and_the_connection_is_closed(hello, words):
+    core = Core()
+    conn = core.connect()
+    core.hello(conn, **{"rank": 0, **hello})
+    message = error_of(conn)
+    for word in words:
+        assert word in message, message
+    assert conn not in core.protocol.peers and core.protocol.strangers.pending == {}
+    assert any("refused a connection" in line for line in core.logs)
+
+
+def test_every_worker_must_agree_on_the_shard_layout():
+    core = Core()
+    core.worker(0)
+    conn = core.connect()
+    core.hello(conn, 1, shard=1, shards=2)
+    assert "rank 1 says this server is shard 1 of 2, other workers said 0 of 1" in error_of(conn)
+
+
+def test_a_rank_that_connects_its_lane_twice_is_refused_the_second_time():
+    core = Core()
+    first = core.worker(0)
+    second = core.connect()
+    core.hello(second, 0)
+    assert "rank 0 connected lane 0 twice" in error_of(second)
+    assert not first.closed and core.job.ended is None
+
+
+def test_a_bad_frame_from_a_stranger_refuses_it_and_from_a_worker_fails_the_job():
+    core = Core()
+    stranger = core.connect()
+    core.protocol.bad_frame(stranger, "bad magic")
+    assert "protocol error: bad magic" in error_of(stranger)
+    workers = core.ready_job()
+    core.protocol.bad_frame(workers[1], "chunk 9 out of range")
+    for conn in workers:
+        assert "rank 1 (lane 0) sent a bad frame: chunk 9 out of range" in error_of(conn)
+        assert conn.discarded  # queued results are dropped: the ERROR must get through
+    assert core.protocol.finished and core.protocol.exit_status == 1
+    assert core.job.state is None  # nothing reads a failed job's arrays again
+
+
+def test_strangers_are_counted_per_address_and_dropped_after_the_handshake_deadline():
+    core = Core()
+    conns = [core.connect(address="198.18.0.9") for _ in range(MAX_PENDING_PER_ADDRESS)]
+    assert "too many connections from 198.18.0.9" in core.protocol.refusal("198.18.0.9")
+    assert core.protocol.refusal("198.18.0.10") is None
+    core.clock.advance(HANDSHAKE_SECONDS + 1.5)
+    core.protocol.tick()
+    assert all(conn.closed for conn in conns) and core.protocol.strangers.pending == {}
+    assert core.protocol.refusal("198.18.0.9") is None
+
+
+# -- the job ----------------------------------------------------------------------------------
+def test_rounds_give_the_closed_form_weights_to_every_worker():
+    core = Core()
+    conns = core.ready_job()
+    weights = np.ones(SIZE, np.float32)
+    for iteration in (1, 2, 3):
+        grads = [np.full(SIZE, (rank + 1) * iteration, np.float32) for rank in range(2)]
+        core.push(conns[0], 0, iteration, grads[0])
+        assert conns[0].take() == [] and conns[1].take() == []  # the round waits for rank 1
+        core.push(conns[1], 1, iteration, grads[1])
+        weights = weights - LR * (grads[0] + grads[1])  # SGD on the sum (MXNet's rescale_grad = 1)
+        for conn in conns:
+            assert np.array_equal(results(conn)[iteration], weights)
+
+
+def test_pushes_out_of_turn_are_refused():
+    core = Core()
+    conns = core.ready_job()
+    grad = np.ones(SIZE, np.float32)
+    refused(lambda: core.push(conns[0], 0, 2, grad), "expected 1")
+    refused(lambda: core.push(conns[0], 1, 1, grad), "claims sender 1 on the connection of 0")
+    core.push(conns[0], 0, 1, grad)
+    refused(lambda: core.push(conns[0], 0, 1, grad), "twice in iteration 1")
+
+
+def test_only_the_first_worker_sets_the_optimizer_and_without_rdma_it_is_not_echoed():
+    core = Core()
+    conns = core.ready_job(optimizer=None)
+    refused(lambda: core.send(conns[1], wire.control_frame(K.OPTIMIZER, 0, 1, SGD(0.1).to_dict())),
+            "only the first worker sets the optimizer")
+    core.send(conns[0], wire.control_frame(K.OPTIMIZER, 0, 0, SGD(0.1).to_dict()))
+    assert conns[0].take() == []  # TCP: the pushes travel behind it
+
+
+def test_state_request_sends_each_chunk_s_momentum():
+    core = Core()
+    conns = core.ready_job(optimizer=SGD(learning_rate=LR, momentum=0.5))
+    for rank, conn in enumerate(conns):
+        core.push(conn, rank, 1, np.full(SIZE, 2.0, np.float32))
+    conns[1].take()
+    core.send(conns[1], wire.control_frame(K.STATE_REQUEST, 0, 1, {}))
+    frames = conns[1].take()
+    assert [(f.header.kind, f.header.chunk, f.header.iteration) for f in frames] == [(K.STATE, 0, 1), (K.STATE, 1, 1)]
+    momentum = np.frombuffer(b"".join(bytes(f.payload) for f in frames), np.float32)
+    assert np.array_equal(momentum, np.full(SIZE, -LR * 4.0, np.float32))  # MXNet's: mom = 0.5 * 0 - lr * sum
+
+
+def test_share_goes_to_every_lane_0_worker_and_to_later_ones_on_welcome():
+    core = Core(workers=3)
+    first, second = core.worker(0), core.worker(1)
+    core.send(first, wire.control_frame(K.SHARE, 0, 0, {"name": "port", "value": 29500}))
+    for conn in (first, second):
+        [frame] = conn.take()
+        assert frame.header.kind is K.SHARE and frame.json() == {"name": "port", "value": 29500}
+    late = core.connect()
+    core.hello(late, 2)
+    assert [f.header.kind for f in late.take()] == [K.WELCOME, K.SHARE]
+    refused(lambda: core.send(first, wire.control_frame(K.SHARE, 0, 0, {"name": "port", "value": 1})),
+            "'port' was shared already")
+    refused(lambda: core.send(second, wire.control_frame(K.SHARE, 0, 1, {"name": "x", "value": 1})),
+            "only rank 0 shares")
+
+
+# -- the end of a job -------------------------------------------------------------------------
+def test_every_worker_saying_bye_ends_the_job_cleanly():
+    core = Core()
+    conns = core.ready_job()
+    for rank, conn in enumerate(conns):
+        core.push(conn, rank, 1, np.ones(SIZE, np.float32))
+        assert not core.protocol.finished
+        core.send(conn, wire.control_frame(K.BYE, 0, rank, {}))
+    assert core.job.ended == "" and core.protocol.finished and core.protocol.exit_status == 0
+    for conn in conns:  # a clean close after BYE is no failure
+        core.protocol.connection_lost(conn, "connection closed by peer", midframe=False)
+    assert core.job.ended == "" and core.logs == []
+
+
+def test_a_worker_that_leaves_while_the_others_push_on_fails_the_job_naming_it():
+    core = Core()
+    conns = core.ready_job()
+    core.send(conns[1], wire.control_frame(K.BYE, 0, 1, {}))
+    core.push(conns[0], 0, 1, np.ones(SIZE, np.float32))
+    message = error_of(conns[0])
+    assert "worker 1 left the job" in message and "rank(s) [0] still push chunk 0 (iteration 1)" in message
+
+
+def test_a_lost_worker_fails_the_job_and_every_other_connection_hears_why():
+    core = Core(workers=3)
+    conns = core.ready_job(workers=3)
+    core.protocol.connection_lost(conns[2], "connection closed by peer", midframe=True)
+    assert conns[2].closed and conns[2].finished_with is None  # nobody to tell
+    for conn in conns[:2]:
+        assert error_of(conn) == "job 0 failed: worker 2 lost: lane 0 connection closed by peer"
+    assert any("job 0 failed: worker 2 lost" in line for line in core.logs)
+    late = core.connect()
+    core.hello(late, 2)
+    assert "job 0 has already ended" in error_of(late)
+
+
+def test_a_worker_that_gives_up_fails_the_job_with_its_message():
+    core = Core()
+    conns = core.ready_job()
+    core.send(conns[1], wire.control_frame(K.ERROR, 0, 1, {"message": "CUDA out of memory"}))
+    assert error_of(conns[0]) == "job 0 failed: rank 1 gave up: CUDA out of memory"
+
+
+def test_a_stalled_job_is_reported_then_failed_naming_who_it_waits_for():
+    core = Core()
+    conns = core.ready_job()
+    core.push(conns[0], 0, 1, np.ones(SIZE, np.float32))
+    core.clock.advance(TIMEOUT / 2 + 1)
+    core.protocol.tick()
+    assert core.logs[-1] == "core 0: job 0 has waited 31 s for rank(s) [1] to push chunk(s) 0, 1"
+    core.clock.advance(1)
+    core.protocol.tick()
+    assert len(core.logs) == 1 and core.job.ended is None  # said once
+    core.clock.advance(TIMEOUT / 2 - 1)
+    core.protocol.tick()
+    assert error_of(conns[1]) == "job 0 failed: stalled for 61 s waiting for rank(s) [1] to push chunk(s) 0, 1"
+
+
+def test_a_job_nobody_connects_to_ends_after_the_timeout_naming_the_ranks():
+    core = Core(workers=2, first_rank=2, total_workers=4)
+    core.clock.advance(TIMEOUT - 1)
+    core.protocol.tick()
+    assert core.job.ended is None and not core.protocol.finished
+    core.clock.advance(1)
+    core.protocol.tick()
+    assert core.job.ended == "no worker connected within 60 s: rank(s) [2, 3] never did"
+    assert core.protocol.finished and core.protocol.exit_status == 1
+
+
+# -- two racks --------------------------------------------------------------------------------
+def test_a_rack_server_calls_the_higher_racks_and_a_lower_rack_may_not_pretend():
+    core = Core(rack=0, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
+    core.worker(0)
+    [(address, link)] = core.opened
+    assert address == ("198.18.1.1", 9100)  # core 0 of rack 1
+    [hello] = link.take()
+    assert hello.header.kind is K.HELLO and hello.json() == {"job": 0, "token": TOKEN, "peer_rack": 0, "core": 0}
+    stranger = core.connect()
+    core.send(stranger, wire.control_frame(K.HELLO, 0, 1, {"job": 0, "token": TOKEN, "peer_rack": 1, "core": 0}))
+    assert "unexpected rack server hello from rack 1" in error_of(stranger)  # rack 1 is called, it does not call
+
+
+def test_a_rack_that_cannot_be_reached_fails_the_job_and_the_core_serves_on():
+    core = Core(rack=0, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
+
+    def unreachable(address):
+        raise ConfigError("connection refused")
+
+    core.protocol.open_connection = unreachable
+    conn = core.connect()
+    core.hello(conn, 0)
+    assert "cannot reach rack 1's server at 198.18.1.1:9100: connection refused" in error_of(conn)
+    assert core.protocol.finished  # once: the only job has ended
+
+
+def test_partials_of_two_racks_meet_in_the_same_weights():
+    racks = [Core(workers=1, first_rank=r, total_workers=2, rack=r, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
+             for r in range(2)]
+    lower = racks[0]
+    conns = [racks[r].worker(r) for r in range(2)]
+    [(_, link_up)] = lower.opened  # rack 0 -> rack 1
+    link_down = racks[1].connect("rack 0", address="198.18.0.1")
+
+    def pump():
+        moved = True
+        while moved:
+            moved = False
+            for data, into, conn in ((link_up, racks[1], link_down), (link_down, lower, link_up)):
+                sent, data.sent = b"".join(data.sent), []
+                if sent:
+                    into.send(conn, sent)
+                    moved = True
+
+    for r, conn in enumerate(conns):
+        racks[r].register(conn, r)
+    lower.init(conns[0], np.ones(SIZE, np.float32))
+    pump()
+    for r, conn in enumerate(conns):
+        assert [f.header.kind for f in conn.take()] == [K.RESULT, K.RESULT, K.READY]
+        racks[r].send(conn, wire.control_frame(K.OPTIMIZER, 0, r, SGD(learning_rate=LR).to_dict()))
+    for r, conn in enumerate(conns):
+        racks[r].push(conn, r, 1, np.full(SIZE, 2.0 * (r + 1), np.float32))
+    pump()
+    expected = np.ones(SIZE, np.float32) - LR * (2.0 + 4.0)
+    for conn in conns:
+        assert np.array_equal(results(conn)[1], expected)
