@@ -21,6 +21,18 @@ Three limits, each measured here rather than assumed:
   round of a chunk reads every worker's copy, the weights and the momentum, and writes the last
   two), and `overhead_us_per_chunk` the server's CPU time per pushed chunk beyond that pass.
 
+And what TCP itself leaves of those goals, from the same raw TCP runs' CPU time (each process
+counts its own, the warm-up round left out):
+
+* `socket_us_per_chunk`: the echo receiver's CPU time per byte it took in and sent back, times
+  the chunk: what a server core must spend on its sockets per push on TCP, whatever it does;
+  `tcp_ceiling_ratio_to_kernel_bound` the share of the kernel bound a core would reach if that
+  and the kernel pass were all it spent.
+* `tcp_ceiling_ratio_phub_over_tcp_bound`: phub must do at least what raw TCP does
+  (`tcp_cpu_s_per_exchange`, all processes) plus the aggregation (`kernel_cpu_s_per_exchange`,
+  the kernel pass over the model in 32 KB chunks); with every core of the machine busy all the
+  time that CPU time bounds its time per exchange from below, and this is the ratio it allows.
+
 Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
 turn, so a slow drift of the machine hits all alike. The last line of stdout is one JSON object
 with the keys above; `--out FILE` also writes it there (atomically).
@@ -40,6 +52,7 @@ import numpy as np
 
 from experiments.models import load_model
 from experiments.runner import run_exchanges
+from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.fileio import write_json
 from phub.kernels import get_backend
 
@@ -50,16 +63,22 @@ LOOPBACK = "127.0.0.1"
 
 
 # -- raw TCP: the bound ------------------------------------------------------------------------
-def _echo(listener: socket.socket, workers: int, total: int) -> None:
-    """The receiver: read each worker's bytes and send them straight back, one thread per worker."""
+def _echo(listener: socket.socket, workers: int, nbytes: int, iterations: int, results) -> None:
+    """The receiver: read each worker's bytes and send them straight back, one thread per worker.
+    Puts its CPU seconds from the end of every connection's first round trip (the warm-up) on."""
+    lock, warmed = threading.Lock(), []
+
     def serve(conn: socket.socket) -> None:
         buf = memoryview(bytearray(ECHO_BUFFER))
-        left = total
+        left = nbytes * iterations
         while left:
             n = conn.recv_into(buf, min(len(buf), left))
             if not n:
                 return
             conn.sendall(buf[:n])
+            if left > nbytes * (iterations - 1) >= left - n:  # this connection's warm-up is over
+                with lock:
+                    warmed.append(time.process_time())
             left -= n
 
     conns = [listener.accept()[0] for _ in range(workers)]
@@ -68,6 +87,7 @@ def _echo(listener: socket.socket, workers: int, total: int) -> None:
         t.start()
     for t in threads:
         t.join()
+    results.put(("echo", time.process_time() - max(warmed)))
 
 
 def _tcp_worker(port: int, nbytes: int, iterations: int, results) -> None:
@@ -75,8 +95,10 @@ def _tcp_worker(port: int, nbytes: int, iterations: int, results) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     src = memoryview(np.ones(nbytes // 4, np.float32)).cast("B")
     dst = memoryview(np.empty(nbytes // 4, np.float32)).cast("B")
-    seconds = []
-    for _ in range(iterations):
+    seconds, cpu = [], 0.0
+    for i in range(iterations):
+        if i == 1:  # round 0 warms up (first touch of every page)
+            cpu = time.process_time()
         started = time.perf_counter()
         sender = threading.Thread(target=sock.sendall, args=(src,))
         sender.start()
@@ -88,17 +110,20 @@ def _tcp_worker(port: int, nbytes: int, iterations: int, results) -> None:
             got += n
         sender.join()
         seconds.append(time.perf_counter() - started)
-    results.put(seconds)
+    results.put(("worker", seconds, time.process_time() - cpu))
 
 
-def tcp_seconds_per_exchange(nbytes: int, workers: int) -> float:
-    """Median over round trips of the slowest worker's time to send and get back `nbytes`."""
+def tcp_seconds_per_exchange(nbytes: int, workers: int) -> dict:
+    """Raw TCP, phub's pattern: `seconds` is the median over round trips of the slowest worker's
+    time to send and get back `nbytes`; `cpu` and `echo_cpu` the CPU seconds per round trip of
+    all the processes and of the receiver alone (what a server must at least spend on sockets),
+    the warm-up round left out."""
     nbytes -= nbytes % 4
     iterations = TCP_ITERATIONS + 1
     listener = socket.create_server((LOOPBACK, 0), backlog=workers)
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    echo = ctx.Process(target=_echo, args=(listener, workers, nbytes * iterations), daemon=True)
+    echo = ctx.Process(target=_echo, args=(listener, workers, nbytes, iterations, results), daemon=True)
     echo.start()
     port = listener.getsockname()[1]
     procs = [ctx.Process(target=_tcp_worker, args=(port, nbytes, iterations, results), daemon=True)
@@ -106,7 +131,10 @@ def tcp_seconds_per_exchange(nbytes: int, workers: int) -> float:
     for p in procs:
         p.start()
     try:
-        per_worker = [results.get(timeout=300) for _ in procs]
+        reports = [results.get(timeout=300) for _ in range(workers + 1)]
+        per_worker = [report[1] for report in reports if report[0] == "worker"]
+        [echo_cpu] = [report[1] for report in reports if report[0] == "echo"]
+        cpu = echo_cpu + sum(report[2] for report in reports if report[0] == "worker")
     finally:
         for p in [*procs, echo]:
             p.join(10)
@@ -114,7 +142,7 @@ def tcp_seconds_per_exchange(nbytes: int, workers: int) -> float:
                 p.kill()
         listener.close()
     slowest = [max(w[i] for w in per_worker) for i in range(1, iterations)]  # round 0 warms up
-    return statistics.median(slowest)
+    return {"seconds": statistics.median(slowest), "cpu": cpu / TCP_ITERATIONS, "echo_cpu": echo_cpu / TCP_ITERATIONS}
 
 
 # -- one server core -------------------------------------------------------------------------
@@ -217,11 +245,15 @@ def main() -> int:
 
     started = time.perf_counter()
     model_bytes = load_model(args.model).bytes
-    rows, tcp, exchange = [], [], {"phub": [], "pslite-central": []}
+    rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {"phub": [], "pslite-central": []}
     rates = {size: {"wall": [], "cpu": []} for size in sizes}
     for repeat in range(args.repeats):
-        tcp.append(tcp_seconds_per_exchange(model_bytes, args.workers))
-        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange", file=sys.stderr, flush=True)
+        bound = tcp_seconds_per_exchange(model_bytes, args.workers)
+        tcp.append(bound["seconds"])
+        tcp_cpu.append(bound["cpu"])
+        echo_cpu.append(bound["echo_cpu"])
+        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange ({bound['cpu'] * 1e3:.0f} ms "
+              f"of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's)", file=sys.stderr, flush=True)
         for system in exchange:
             row = run_exchanges(system, args.model, args.workers, args.iterations, 1, quiet=True)[0]
             rows.append(dict(row, repeat=repeat))
@@ -241,22 +273,36 @@ def main() -> int:
     median = statistics.median
     tcp_s, phub_s, pslite_s = median(tcp), median(exchange["phub"]), median(exchange["pslite-central"])
     moved_bits = 2 * args.workers * model_bytes * 8
+    # What TCP itself costs a server: the receiver's CPU per byte it took in and sent back.
+    socket_s_per_byte = median(echo_cpu) / (args.workers * model_bytes)
     per_core, per_chunk = {}, {}
     for size in sizes:
         kernel = kernel_seconds_per_round(size, size * args.rate_chunks, args.workers)
         cpu = median(rates[size]["cpu"]) if rates[size]["cpu"] else None
         per_core[str(size)] = round(cpu) if cpu else None
+        per_push = {"kernel": kernel / args.workers, "socket": socket_s_per_byte * size}
         per_chunk[str(size)] = {
             "wall_chunks_per_s": round(median(rates[size]["wall"])),
             "kernel_bound_chunks_per_s": round(args.workers / kernel),
             "ratio_to_kernel_bound": round(cpu * kernel / args.workers, 3) if cpu else None,
             "overhead_us_per_chunk": round((1 / cpu - kernel / args.workers) * 1e6, 2) if cpu else None,
+            "socket_us_per_chunk": round(per_push["socket"] * 1e6, 2),
+            # what a core would reach on TCP if nothing but its sockets and the kernel pass cost
+            "tcp_ceiling_ratio_to_kernel_bound": round(per_push["kernel"] / (per_push["kernel"] + per_push["socket"]), 3),
         }
+    # phub must do at least what raw TCP does plus the aggregation: even with every core of the
+    # machine busy all the time, that CPU time bounds phub's time per exchange from below.
+    chunk = DEFAULT_CHUNK_BYTES
+    kernel_per_exchange = kernel_seconds_per_round(chunk, chunk * args.rate_chunks, args.workers) * model_bytes / chunk
+    cores_busy = median(tcp_cpu) / tcp_s
     summary = {
         "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,
         "tcp_bound_gbps": round(moved_bits / tcp_s / 1e9, 2),
         "phub_gbps": round(moved_bits / phub_s / 1e9, 2),
         "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
+        "tcp_cpu_s_per_exchange": round(median(tcp_cpu), 5), "tcp_cores_busy": round(cores_busy, 2),
+        "kernel_cpu_s_per_exchange": round(kernel_per_exchange, 5),
+        "tcp_ceiling_ratio_phub_over_tcp_bound": round(min(1.0, tcp_s * os.cpu_count() / (median(tcp_cpu) + kernel_per_exchange)), 3),
         "ratio_phub_over_pslite-central": round(phub_s / pslite_s, 3),
         "seconds": {"tcp": round(tcp_s, 5), "phub": round(phub_s, 5), "pslite-central": round(pslite_s, 5)},
         "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
@@ -264,12 +310,15 @@ def main() -> int:
     }
     print(f"\n{args.model}, {args.workers} workers, medians of {args.repeats} repeats:")
     print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s, phub {summary['phub_gbps']} Gbit/s: "
-          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= 0.8)")
+          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= 0.8); raw TCP keeps "
+          f"{summary['tcp_cores_busy']} of {os.cpu_count()} cores busy; its CPU time plus the kernel pass's, on every core, would allow "
+          f"{summary['tcp_ceiling_ratio_phub_over_tcp_bound']}")
     print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
     for size in sizes:
         c = per_chunk[str(size)]
         print(f"  one core, {size:5d} B chunks: {per_core[str(size)]} per CPU s, kernel bound "
-              f"{c['kernel_bound_chunks_per_s']}, overhead {c['overhead_us_per_chunk']} us per chunk")
+              f"{c['kernel_bound_chunks_per_s']} ({c['ratio_to_kernel_bound']} of it; sockets alone allow "
+              f"{c['tcp_ceiling_ratio_to_kernel_bound']}), overhead {c['overhead_us_per_chunk']} us per chunk")
     if args.out:
         write_json(args.out, {"summary": summary, "rows": rows}, indent=1)
     print(json.dumps(summary))
