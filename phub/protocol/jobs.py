@@ -95,6 +95,33 @@ class Job:
                             f"never complete; every worker must make the same pushpull calls")
         return None
 
+    def stall(self, now: float, timeout: float, once: bool) -> Tuple[Optional[str], Optional[str]]:
+        """What the job's idleness calls for at `now`: (why it fails, what to log), each or both
+        None. A job nobody connected to fails after `timeout` (only with `once`: a server that
+        serves on waits for them); a job that waits for a push or a connection is reported once
+        after min(30 s, timeout / 2) and fails after `timeout`, naming what it waits for."""
+        if self.ended is None and self.state is None and once and now - self.last_progress >= timeout:
+            first = self.spec.first_rank
+            return (f"no worker connected within {timeout:g} s: rank(s) "
+                    f"{list(range(first, first + self.spec.num_workers))} never did"), None
+        if self.ended is not None or self.state is None or not any(self.live_links()):
+            return None, None
+        idle = now - self.last_progress
+        if idle < min(30.0, timeout / 2):  # checked first: pending() visits every chunk
+            self.stall_reported = False
+            return None, None
+        pending = self.state.pending()
+        if not pending and all(conn is not None for conns in self.links.values() for conn in conns):
+            self.stall_reported = False
+            return None, None
+        missing = self.missing(pending)
+        if idle >= timeout:
+            return f"stalled for {idle:.0f} s waiting for {missing}", None
+        if self.stall_reported:
+            return None, None
+        self.stall_reported = True
+        return None, f"job {self.spec.job_id} has waited {idle:.0f} s for {missing}"
+
     def missing(self, pending: List[ChunkState]) -> str:
         """What a stalled job waits for, in words (its pending chunks, or ranks to connect)."""
         first = self.spec.first_rank

@@ -11,6 +11,9 @@ arrive on them; it answers by sending on them. The core's loop (`phub.core`) onl
     connection_lost(conn, reason, midframe)      / bad_frame(conn, why) / data_path_failed(...)
     poll_data_paths(); tick()                    RDMA completions; stalls and deadlines
 
+Every transition of a core's connections is in this one file on purpose (as h11 keeps its state
+machine in one module): what a frame may do is read in one place, not across mixins.
+
 A connection's life: accepted (a stranger: small frames only, a deadline) -> HELLO (typed and
 bounded by `messages.hello`, then `Job.refusal` / `Job.lane_refusal`) -> WELCOME, or ERROR and
 closed -> REGISTER / INIT / OPTIMIZER / PUSH ... (the job's aggregation state machine,
@@ -507,28 +510,11 @@ class CoreProtocol:
 
     def _check_stalls(self, now: float) -> None:
         for job in self.jobs.values():
-            if job.ended is None and job.state is None and self.config.once and \
-                    now - job.last_progress >= self.config.timeout:  # nobody ever came: end, naming who
-                first = job.spec.first_rank
-                self._fail(job, f"no worker connected within {self.config.timeout:g} s: rank(s) "
-                                f"{list(range(first, first + job.spec.num_workers))} never did")
-                continue
-            if job.ended is not None or job.state is None or not any(job.live_links()):
-                continue
-            idle = now - job.last_progress
-            if idle < min(30.0, self.config.timeout / 2):  # checked first: pending() visits every chunk
-                job.stall_reported = False
-                continue
-            pending = job.state.pending()
-            if not pending and all(conn is not None for conns in job.links.values() for conn in conns):
-                job.stall_reported = False
-                continue
-            missing = job.missing(pending)
-            if idle >= self.config.timeout:
-                self._fail(job, f"stalled for {idle:.0f} s waiting for {missing}")
-            elif not job.stall_reported:
-                job.stall_reported = True
-                self.log(f"job {job.spec.job_id} has waited {idle:.0f} s for {missing}")
+            failure, report = job.stall(now, self.config.timeout, self.config.once)
+            if failure:
+                self._fail(job, failure)
+            elif report:
+                self.log(report)
 
 
 def _share_frame(job: Job, name: str, value) -> bytes:
