@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from .chunking import DEFAULT_CHUNK_BYTES
 from .config import TRANSPORTS
+from .datapath import DEFAULT_TRANSPORT
 from .errors import ConfigError, PHubError
 
 
@@ -85,7 +86,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_transport_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transport", choices=TRANSPORTS, default="tcp",
+    parser.add_argument("--transport", choices=TRANSPORTS, default=DEFAULT_TRANSPORT,
                         help="how chunks move: tcp (default), verbs (RDMA; refused at start, with the "
                              "reason, unless `phub doctor` says it can run here), or soft-verbs (the verbs "
                              "data path in software, between processes of one machine: for testing)")
@@ -102,7 +103,7 @@ def _server_config(args, jobs, once: bool):
                         lanes_per_pair=args.lanes_per_pair, chunk_bytes=args.chunk_bytes, once=once,
                         timeout=args.timeout, rack=getattr(args, "rack", 0),
                         peers=tuple(getattr(args, "peers", ()) or ()),
-                        transport=getattr(args, "transport", "tcp"),
+                        transport=getattr(args, "transport", DEFAULT_TRANSPORT),
                         rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()),
                         report_joins=getattr(args, "report_joins", False),
                         **({"max_job_bytes": args.max_job_bytes} if args.max_job_bytes else {}))

@@ -28,7 +28,7 @@ from . import exiting, wire
 from .chunking import ITEMSIZE, ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .protocol.worker import WorkerProtocol
-from .datapath import worker_path
+from .datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
@@ -82,7 +82,7 @@ class Client(ClientLoop, SideChannels):
         self._leader = self.rank == welcomes[0].get("first_rank", 0)
         self.topology = Topology(interfaces, cores, lanes_per_pair, servers=len(welcomes))
         self.plan = ChunkPlan(self.topology, chunk_bytes)
-        self.transport = welcomes[0].get("transport", "tcp")
+        self.transport = welcomes[0].get("transport", DEFAULT_TRANSPORT)
         self._data = self._protocol.data = worker_path(self.transport, job_id, rank, self.plan, welcomes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []

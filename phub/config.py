@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
-from .datapath import PATHS
+from .datapath import DEFAULT_TRANSPORT, PATHS
 from .errors import ConfigError
 
 MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
@@ -97,7 +97,7 @@ class ServerConfig:
     timeout: float = 300.0
     rack: int = 0  # with peers: this server's rack index ...
     peers: Tuple[str, ...] = ()  # ... and every rack server's discovery HOST:PORT, in rack order
-    transport: str = "tcp"  # or "verbs" (refused at start unless it can run here, see phub doctor),
+    transport: str = DEFAULT_TRANSPORT  # "tcp", or "verbs" (refused at start unless it can run here, see phub doctor),
     # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
     rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
     max_job_bytes: int = DEFAULT_MAX_JOB_BYTES  # the values one job may register (its arrays' bytes)
@@ -161,7 +161,7 @@ class ServerConfig:
             argv.append("--report-joins")
         if self.peers:
             argv += ["--rack", str(self.rack), "--peers", ",".join(self.peers)]
-        if self.transport != "tcp":
+        if self.transport != DEFAULT_TRANSPORT:
             argv += ["--transport", self.transport]
         if self.rdma_devices:
             argv += ["--rdma-devices", ",".join(self.rdma_devices)]

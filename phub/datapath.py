@@ -123,6 +123,8 @@ class TcpWorkerPath:
         pass
 
 
+DEFAULT_TRANSPORT = "tcp"
+
 # transport -> (server path, worker path), as "module:Class"; the RDMA modules load on first use.
 PATHS: Dict[str, tuple] = {
     "tcp": ("phub.datapath:TcpServerPath", "phub.datapath:TcpWorkerPath"),

@@ -3,8 +3,11 @@ phub alone (the harness, lab/, is a distribution of its own that depends on phub
 import ast
 import subprocess
 import sys
+import tokenize
 import zipfile
 from pathlib import Path
+
+from phub.config import TRANSPORTS
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = {"experiments", "analysis", "workflow", "benchmarks", "tests"}
@@ -41,3 +44,29 @@ def test_the_wheel_holds_the_library_only(tmp_path):
     assert {name.split("/")[0] for name in names} == {"phub", "phub-0.1.0.dist-info"}
     assert "phub/cli.py" in names and "phub/selftest.py" in names
     assert not [name for name in names if "layouts" in name or "cluster/emulated" in name]
+
+
+def _transport_tests(path: Path):
+    """Where `path`'s code (not its comments or text) names a transport: a name with "verbs" in
+    it, or a transport's name as a string ("tcp", "verbs", "soft-verbs")."""
+    with tokenize.open(path) as f:
+        for token in tokenize.generate_tokens(f.readline):
+            if (token.type == tokenize.NAME and "verbs" in token.string) or \
+                    (token.type == tokenize.STRING and token.string.strip("'\"") in TRANSPORTS):
+                yield f"{path.name}:{token.start[0]} {token.string}"
+
+
+def test_no_loop_or_protocol_module_branches_on_the_transport():
+    """The I/O loops and the protocol call the data-path interface (phub/datapath.py); only the
+    transports (phub/datapath.py, phub/rdma/) and the places that name them for a user (config,
+    doctor, cli) say which one runs."""
+    blind = [ROOT / "phub" / name for name in ("core.py", "client.py", "clientloop.py", "sidechannels.py",
+                                                "handle.py", "server.py", "aggregation.py", "hierarchy.py")]
+    blind += sorted((ROOT / "phub" / "protocol").glob("*.py"))
+    assert [hit for path in blind for hit in _transport_tests(path)] == []
+
+
+def test_the_transport_scan_sees_a_branch(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('# verbs in a comment is fine\nif transport != "tcp":\n    self._verbs = open_it()\n')
+    assert [hit.split()[1] for hit in _transport_tests(sample)] == ['"tcp"', "_verbs"]

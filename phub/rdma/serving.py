@@ -1,4 +1,4 @@
-"""The server core's side of the verbs data path, for one job (what `core.Core` calls).
+"""The server core's side of the verbs data path, for one job (a server data path of `phub.datapath`).
 
 The TCP connection of each (lane, worker) stays: it carries the handshake and every control
 frame. What moves to RDMA is the data:

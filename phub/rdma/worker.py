@@ -1,4 +1,4 @@
-"""The worker's side of the verbs data path (what `client.Client` calls when the server runs it).
+"""The worker's side of the verbs data path (a worker data path of `phub.datapath`, used when the server runs it).
 
 A worker opens one NIC, and one queue pair per lane, connected in the lane's HELLO/WELCOME. Per
 registered batch it registers one region (`layout.WorkerRegistration`: results, then gradients)
