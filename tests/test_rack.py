@@ -279,9 +279,10 @@ sys.stdin.read()  # until the test kills this process
 """
 
 
-def _start_creator(code, spec):
+def _start_creator(code, spec, ignore_sigint=False):
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else ""
     assert line, f"the rack creator did not come up: {proc.stderr.read() if proc.poll() is not None else 'timeout'}"
@@ -332,9 +333,11 @@ with EmulatedRack(json.loads(sys.argv[1])) as cluster:
 
 
 @privileged
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_the_context_manager_tears_down_on_signals(sig):
-    creator, info = _start_creator(_SIGNALLED, TINY)
+@pytest.mark.parametrize("sig, ignored", [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM", "SIGINT", "SIGINT-inherited-ignored"])
+def test_the_context_manager_tears_down_on_signals(sig, ignored):
+    """Also when the process was started with SIGINT ignored (a background job of some shells)."""
+    creator, info = _start_creator(_SIGNALLED, TINY, ignore_sigint=ignored)
     creator.send_signal(sig)
     creator.wait(timeout=30)
     _close(creator)

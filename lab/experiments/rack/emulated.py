@@ -10,8 +10,9 @@ addresses), the workers in rank order, `hierarchical` when there is more than on
 running commands through `ip netns exec NS`. `extra` holds what results must record: configured
 and measured rates, scale factors, the rack servers' fixed port. `down()` stops every process in
 the run's namespaces and deletes them (the switch namespace takes its bridges and veths along).
-The context manager always tears down: on errors, KeyboardInterrupt, and SIGTERM, which it turns
-into KeyboardInterrupt while it is active. A run whose process died (SIGKILL, power) is stale;
+The context manager always tears down: on errors, SIGINT and SIGTERM, which it turns into
+KeyboardInterrupt while it is active (SIGINT too when the process inherited it ignored, as a
+command started in the background by some shells does: Ctrl-C still removes the rack). A run whose process died (SIGKILL, power) is stale;
 the next `up` and `python -m experiments rack down --all-stale` remove it (see `runstate`).
 
 Needs CAP_NET_ADMIN (root). Without it, `reexec_unprivileged()` re-runs the current command in an
@@ -58,7 +59,7 @@ class EmulatedRack:
         self.links: list = []  # measured rows, one per shaped link
         self.cluster: Optional[Cluster] = None
         self._state: Optional[runstate.RunState] = None
-        self._previous_handler = None
+        self._previous_handlers: dict = {}
 
     # -- life cycle --------------------------------------------------------------------------
     def up(self) -> Cluster:
@@ -110,7 +111,7 @@ class EmulatedRack:
 
     def __enter__(self) -> Cluster:
         if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+            self._previous_handlers = {sig: signal.signal(sig, _raise_interrupt) for sig in _TEARDOWN_SIGNALS}
         try:
             return self.up()
         except BaseException:
@@ -124,9 +125,9 @@ class EmulatedRack:
             self._restore_handler()
 
     def _restore_handler(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
 
     # -- what the rack offers ----------------------------------------------------------------
     def _node(self, name: str, host, rack: int) -> Node:
