@@ -14,18 +14,14 @@ from .datapath import DEFAULT_TRANSPORT
 from .errors import ConfigError, PHubError
 
 
-def _comma_list(text: str):
-    items = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not items:
-        raise argparse.ArgumentTypeError("give at least one item")
-    return items
-
-
-def _interfaces(text: str):
-    items = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not items:
-        raise argparse.ArgumentTypeError("give at least one IPv4 address")
-    return items
+def _comma_list(what: str):
+    """An argparse type: a comma-separated list of at least one `what`."""
+    def parse(text: str):
+        items = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not items:
+            raise argparse.ArgumentTypeError(f"give at least one {what}")
+        return items
+    return parse
 
 
 def positive_int(text: str) -> int:
@@ -68,7 +64,7 @@ def _job_bytes(text: str) -> int:
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", type=positive_int, default=1,
                         help="server processes, one per core (default 1)")
-    parser.add_argument("--interfaces", type=_interfaces, default=("127.0.0.1",),
+    parser.add_argument("--interfaces", type=_comma_list("IPv4 address"), default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
                              "(default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0,
@@ -90,7 +86,7 @@ def _add_transport_option(parser: argparse.ArgumentParser) -> None:
                         help="how chunks move: tcp (default), verbs (RDMA; refused at start, with the "
                              "reason, unless `phub doctor` says it can run here), or soft-verbs (the verbs "
                              "data path in software, between processes of one machine: for testing)")
-    parser.add_argument("--rdma-devices", type=_comma_list, default=(),
+    parser.add_argument("--rdma-devices", type=_comma_list("RDMA port"), default=(),
                         help="with --transport verbs: the RDMA port (NAME[:PORT], see `phub doctor`) serving "
                              "each interface, comma-separated in --interfaces order (default: the first "
                              "usable port for all)")
