@@ -275,9 +275,12 @@ def main() -> int:
     moved_bits = 2 * args.workers * model_bytes * 8
     # What TCP itself costs a server: the receiver's CPU per byte it took in and sent back.
     socket_s_per_byte = median(echo_cpu) / (args.workers * model_bytes)
+    chunk = DEFAULT_CHUNK_BYTES  # the exchange's chunks: its kernel pass is measured once
+    kernels = {size: kernel_seconds_per_round(size, size * args.rate_chunks, args.workers)
+               for size in {*sizes, chunk}}
     per_core, per_chunk = {}, {}
     for size in sizes:
-        kernel = kernel_seconds_per_round(size, size * args.rate_chunks, args.workers)
+        kernel = kernels[size]
         cpu = median(rates[size]["cpu"]) if rates[size]["cpu"] else None
         per_core[str(size)] = round(cpu) if cpu else None
         per_push = {"kernel": kernel / args.workers, "socket": socket_s_per_byte * size}
@@ -292,8 +295,7 @@ def main() -> int:
         }
     # phub must do at least what raw TCP does plus the aggregation: even with every core of the
     # machine busy all the time, that CPU time bounds phub's time per exchange from below.
-    chunk = DEFAULT_CHUNK_BYTES
-    kernel_per_exchange = kernel_seconds_per_round(chunk, chunk * args.rate_chunks, args.workers) * model_bytes / chunk
+    kernel_per_exchange = kernels[chunk] * model_bytes / chunk
     cores_busy = median(tcp_cpu) / tcp_s
     summary = {
         "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,

@@ -163,7 +163,7 @@ class Client(ClientLoop, SideChannels):
         self._check_failed()
         batch = len(self.plan.batches)
         new = self.plan.add_arrays([(key, arr.shape) for key, arr in arrays.items()])
-        self._protocol.chunks_changed(self.plan.chunks)
+        self._protocol.chunks_changed(self.plan)
         flat = {key: arr.reshape(-1) for key, arr in arrays.items()}
         handle = Handle(self, len(new) + len(self._links), None, f"init of batch {batch}", [c.id for c in new])
         self._protocol.ready_waiters[batch] = handle

@@ -24,7 +24,7 @@ def worker(lanes=2):
     protocol.data = TcpWorkerPath(7, 1)
     plan = ChunkPlan(Topology(interfaces=lanes, cores=1), CHUNK_BYTES)
     plan.add_arrays([("w", (600,))])
-    protocol.chunks_changed(plan.chunks)
+    protocol.chunks_changed(plan)
     out = np.zeros(600, np.float32)
     handle = Handle(None, len(plan.chunks), out, "pushpull of 'w'", [c.id for c in plan.chunks])
     view = memoryview(out).cast("B")

@@ -64,11 +64,11 @@ class WorkerProtocol:
             raise ProtocolError(f"expected WELCOME from the server, got {header.kind.name}")
         return body
 
-    def chunks_changed(self, chunks: Sequence) -> None:
+    def chunks_changed(self, plan) -> None:
         """The plan's chunks after an `init` (every table is replaced whole: the I/O thread reads them)."""
-        self.chunk_nbytes = [c.nbytes for c in chunks]
-        self.chunk_lanes = [c.lane for c in chunks]
-        self.chunk_table = np.array([(c.lane, c.nbytes) for c in chunks], dtype=np.int32).reshape(-1, 2)
+        self.chunk_nbytes = plan.chunk_nbytes()
+        self.chunk_lanes = [c.lane for c in plan.chunks]
+        self.chunk_table = np.array([(c.lane, c.nbytes) for c in plan.chunks], dtype=np.int32).reshape(-1, 2)
 
     # -- frames ------------------------------------------------------------------------------
     def payload_target(self, header: wire.Header, lane: int) -> memoryview:
