@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
 """How close phub's data path gets to the machine's limits, on loopback, in one run.
 
-    python benchmarks/data_path.py [--model resnet50] [--workers 2] [--repeats 3]
+    python benchmarks/data_path.py [--model resnet50] [--workers 2] [--repeats 3] [--cores 1]
         [--chunk-sizes 1024,4096,32768] [--rate-chunks 4096] [--out FILE]
 
 Three limits, each measured here rather than assumed:
 
 * **Raw TCP** (`tcp_bound_gbps`): the same process layout and byte pattern as a phub exchange,
   with nothing but sockets: every worker process sends the model's bytes to one receiver process
-  and receives them back (the receiver echoes what it reads), large sends, no framing.
+  and receives them back (the receiver echoes what it reads, a thread per worker, so it uses as
+  many cores as it can), large sends, no framing.
   `ratio_phub_over_tcp_bound` is phub's effective throughput (the same bytes: up and down, every
-  worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes.
+  worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes. phub's
+  server runs `--cores` processes (default 1).
 * **ps-lite** (`ratio_phub_over_pslite-central`): phub's time per exchange over MXNet's ps-lite
   with one server (it moves the same bytes as phub), same model, same run (below 1: phub faster).
 * **One server core** (`chunks_per_s_per_core`): a phub server with one core and two workers
   pushing a synthetic model of `--rate-chunks` chunks of 1 KB, 4 KB and 32 KB, compute removed. The rate
   is pushes the server took in, per second of that core's CPU time (the workers share this
   machine's cores, so wall time would measure them too; `wall_chunks_per_s` says it anyway).
-  `kernel_bound_chunks_per_s` is the rate the fused aggregate+NAG pass alone would allow (each
-  round of a chunk reads every worker's copy, the weights and the momentum, and writes the last
-  two), and `overhead_us_per_chunk` the server's CPU time per pushed chunk beyond that pass.
+  `kernel_bound_chunks_per_s` is the rate the aggregate+NAG pass alone would allow, run as a
+  server core runs it (each round of a chunk reads every worker's copy, the weights and the
+  momentum, and writes the last two; with 2 workers in one fused pass), and
+  `overhead_us_per_chunk` the server's CPU time per pushed chunk beyond that pass.
 
 And what TCP itself leaves of those goals, from the same raw TCP runs' CPU time (each process
 counts its own, the warm-up round left out):
@@ -51,10 +54,10 @@ import time
 import numpy as np
 
 from experiments.models import load_model
-from experiments.runner import run_exchanges
+from experiments.runner import Options, run_exchanges
 from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.fileio import write_json
-from phub.kernels import get_backend
+from phub.kernels import for_owned_buffers, get_backend
 
 ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
 TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)
@@ -147,20 +150,31 @@ def tcp_seconds_per_exchange(nbytes: int, workers: int) -> dict:
 
 # -- one server core -------------------------------------------------------------------------
 def kernel_seconds_per_round(chunk_bytes: int, model_bytes: int, workers: int) -> float:
-    """The fused aggregate+NAG pass alone, chunk by chunk over a `model_bytes` working set."""
-    kernels = get_backend("fast")
+    """The aggregate+NAG pass alone, chunk by chunk over a `model_bytes` working set, as a server
+    core runs it per round (aggregation.JobState.on_push): the first two copies summed into the
+    merge buffer, the others added, the last one fused into NAG (2 workers: NAG reads both
+    copies, no merge buffer)."""
+    kernels = for_owned_buffers(get_backend("fast"))  # as a server core calls them: no per-call checks
     n = model_bytes // 4
     step = chunk_bytes // 4
     copies = [np.full(n, 0.001 * (r + 1), np.float32) for r in range(workers)]
     weight, mom, acc = (np.full(n, 0.01, np.float32) for _ in range(3))
 
+    # per chunk: weight, momentum, merge buffer and the copies, sliced before the clock starts (a
+    # server core keeps these views too)
+    views = [(weight[c], mom[c], acc[c], [copy[c] for copy in copies])
+             for c in (slice(lo, lo + step) for lo in range(0, n, step))]
+    scale, aggregate, nag = kernels.scale, kernels.aggregate, kernels.nag
+
     def one_pass() -> None:
-        for lo in range(0, n, step):
-            c = slice(lo, lo + step)
-            kernels.scale(acc[c], copies[0][c], copies[1][c], 1.0)
-            for extra in copies[2:]:
-                kernels.aggregate(acc[c], extra[c], False)
-            kernels.nag(weight[c], mom[c], acc[c], None, 0.05, 0.9, 0.0, 1.0 / workers, -1.0)
+        for w, m, a, chunk_copies in views:
+            merged = chunk_copies[0]
+            if workers > 2:
+                scale(a, merged, chunk_copies[1], 1.0)
+                for extra in chunk_copies[2:-1]:
+                    aggregate(a, extra, False)
+                merged = a
+            nag(w, m, merged, chunk_copies[-1], 0.05, 0.9, 0.0, 1.0 / workers, -1.0)
 
     one_pass()
     times = []
@@ -235,12 +249,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=5, help="timed exchanges per block (model runs)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cores", type=int, default=1, help="phub server processes in the exchange")
     parser.add_argument("--chunk-sizes", default="1024,4096,32768")
     parser.add_argument("--rate-chunks", type=int, default=4096, help="chunks of the chunk-rate runs' model")
     parser.add_argument("--out", help="also write the summary and every row to this JSON file")
     args = parser.parse_args()
     if args.workers < 2:
         parser.error("--workers must be at least 2 (a server core aggregates copies)")
+    if args.cores < 1:
+        parser.error("--cores must be at least 1")
     sizes = [int(s) for s in args.chunk_sizes.split(",") if s]
 
     started = time.perf_counter()
@@ -255,7 +272,8 @@ def main() -> int:
         print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange ({bound['cpu'] * 1e3:.0f} ms "
               f"of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's)", file=sys.stderr, flush=True)
         for system in exchange:
-            row = run_exchanges(system, args.model, args.workers, args.iterations, 1, quiet=True)[0]
+            options = Options(cores=args.cores) if system == "phub" else Options()
+            row = run_exchanges(system, args.model, args.workers, args.iterations, 1, options=options, quiet=True)[0]
             rows.append(dict(row, repeat=repeat))
             exchange[system].append(row["seconds_per_iteration"])
             print(f"repeat {repeat}: {system:14s} {exchange[system][-1] * 1e3:8.1f} ms per exchange",
@@ -299,6 +317,7 @@ def main() -> int:
     cores_busy = median(tcp_cpu) / tcp_s
     summary = {
         "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,
+        "server_cores": args.cores,
         "tcp_bound_gbps": round(moved_bits / tcp_s / 1e9, 2),
         "phub_gbps": round(moved_bits / phub_s / 1e9, 2),
         "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
@@ -310,7 +329,7 @@ def main() -> int:
         "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
         "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
     }
-    print(f"\n{args.model}, {args.workers} workers, medians of {args.repeats} repeats:")
+    print(f"\n{args.model}, {args.workers} workers, phub on {args.cores} server core(s), medians of {args.repeats} repeats:")
     print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s, phub {summary['phub_gbps']} Gbit/s: "
           f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= 0.8); raw TCP keeps "
           f"{summary['tcp_cores_busy']} of {os.cpu_count()} cores busy; its CPU time plus the kernel pass's, on every core, would allow "

@@ -5,7 +5,8 @@
  * StagedLink in phub/transport.py). `drain_pushes` walks the frames in it and, for every
  * well-formed PUSH that belongs on this connection now, does what JobState.push_target and
  * JobState.on_push do in Python: copy the payload into the worker's slot, fold it into the chunk's merge buffer, and
- * when the round is complete hand (state, acc, last) back for the optimizer and the results. It
+ * when the round is complete hand (state, acc, last) back for the optimizer and the results (the
+ * round's last copy is not copied at all: `last` is a view of it in the staging buffer). It
  * stops at the first frame it does not handle in full (any other kind, a wrong field, a push
  * out of turn, or bytes still missing) and leaves that frame to the Python path, which raises
  * the same errors as always. So this file holds no protocol rule that Python does not also
@@ -86,13 +87,13 @@ get_floats(PyObject *array, Py_ssize_t nbytes, Py_buffer *view)
     return 0;
 }
 
-/* Fold one landed push (already in slots[rank]) into its chunk; append to `completed` when the
- * round is complete. Mirrors JobState.on_push. Returns -1 with an exception set on failure. */
+/* Fold one landed push (`mine`: slots[rank], or the payload in the staging buffer when it
+ * completes the round) into its chunk; append to `completed` when the round is complete. Mirrors
+ * JobState.on_push. Returns -1 with an exception set on failure. */
 static int
-fold(PyObject *state, PyObject *slots, long long rank, long long before, long long arrived,
+fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long long arrived,
      long long num_workers, Py_ssize_t nbytes, PyObject *completed)
 {
-    PyObject *mine = PyList_GET_ITEM(slots, rank);
     if (arrived == num_workers) {
         PyObject *acc, *last = mine;
         if (arrived == 1) {
@@ -164,7 +165,8 @@ PyDoc_STRVAR(drain_pushes_doc,
 "Returns (offset, stopped_at_frame): the offset of the first byte not consumed, and whether a\n"
 "frame this loop does not handle starts there (False: the bytes there are an incomplete frame).\n"
 "`table` is the job's int32 (chunks, 3) array [lane, payload bytes, ready]; `states` the list of\n"
-"ChunkState by chunk id; completed rounds are appended to `completed` as (state, acc, last).");
+"ChunkState by chunk id; completed rounds are appended to `completed` as (state, acc, last),\n"
+"where the round's last copy may be a view of staging: finish them before staging changes.");
 
 static PyObject *
 fp_drain_pushes(PyObject *self, PyObject *args)
@@ -175,12 +177,13 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     int lane;
     long long rank, num_workers;
     PyObject *states, *completed;
+    PyObject *staging_obj = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : NULL;
     if (!PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!:drain_pushes", &staging, &start, &end, &job, &sender,
                           &lane, &rank, &num_workers, &table, &PyList_Type, &states, &PyList_Type,
                           &completed)) {
         return NULL;
     }
-    PyObject *result = NULL;
+    PyObject *result = NULL, *staging_view = NULL; /* a memoryview of staging, made on first use */
     int stopped_at_frame = 0;
     if (start < 0 || end > staging.len || start > end || table.len % (TABLE_COLUMNS * 4) != 0 ||
         rank < 0 || rank >= num_workers || num_workers > 63) {
@@ -227,25 +230,45 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_AssertionError, "drain_pushes: a chunk's slots are not one list entry per worker");
             goto done;
         }
-        Py_buffer slot;
-        if (get_floats(PyList_GET_ITEM(slots, rank), (Py_ssize_t)length, &slot) < 0) {
-            Py_DECREF(slots);
-            goto done;
-        }
-        memcpy(slot.buf, h + HEADER_BYTES, length);
-        PyBuffer_Release(&slot);
         long long before = mask;
         arrived += 1;
-        if (set_int(state, s_mask, before | 1LL << rank) < 0 || set_int(state, s_arrived, arrived) < 0 ||
-            fold(state, slots, rank, before, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
+        PyObject *mine;
+        if (arrived == num_workers && ((uintptr_t)(h + HEADER_BYTES) & (sizeof(float) - 1)) == 0) {
+            /* The round's last copy: the kernel reads it where it landed, one copy fewer. Safe
+             * because the caller finishes the completed rounds before the staging buffer is read
+             * into again (see fast_pushes); a control frame of odd length before it leaves the
+             * payload unaligned, and then it is copied like the others. */
+            if (staging_view == NULL && (staging_view = PyMemoryView_FromObject(staging_obj)) == NULL) {
+                Py_DECREF(slots);
+                goto done;
+            }
+            mine = PySequence_GetSlice(staging_view, start + HEADER_BYTES, start + HEADER_BYTES + length);
+        } else {
+            Py_buffer slot;
+            mine = PyList_GET_ITEM(slots, rank);
+            Py_INCREF(mine);
+            if (get_floats(mine, (Py_ssize_t)length, &slot) < 0) {
+                Py_DECREF(mine);
+                mine = NULL;
+            } else {
+                memcpy(slot.buf, h + HEADER_BYTES, length);
+                PyBuffer_Release(&slot);
+            }
+        }
+        if (mine == NULL || set_int(state, s_mask, before | 1LL << rank) < 0 ||
+            set_int(state, s_arrived, arrived) < 0 ||
+            fold(state, slots, mine, before, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
+            Py_XDECREF(mine);
             Py_DECREF(slots);
             goto done;
         }
+        Py_DECREF(mine);
         Py_DECREF(slots);
         start += HEADER_BYTES + (Py_ssize_t)length;
     }
     result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);
 done:
+    Py_XDECREF(staging_view);
     PyBuffer_Release(&staging);
     PyBuffer_Release(&table);
     return result;

@@ -14,7 +14,7 @@ import pytest
 from phub import wire
 from phub.aggregation import JobState
 from phub.chunking import Topology
-from phub.kernels import get_backend
+from phub.kernels import for_owned_buffers, get_backend
 from phub.optim import NAG
 from phub.transport import StagedLink
 from test_transport import tcp_pair
@@ -26,7 +26,8 @@ SIZES = (5000, 20000, 300)  # elements: several chunks, and short last chunks
 
 
 def ready_state(workers: int, core: int = 0) -> JobState:
-    state = JobState(0, workers, Topology(interfaces=2, cores=2), CHUNK_BYTES, core, get_backend("fast"))
+    kernels = for_owned_buffers(get_backend("fast"))  # as a server core has them
+    state = JobState(0, workers, Topology(interfaces=2, cores=2), CHUNK_BYTES, core, kernels)
     arrays = [[f"a{i}", n] for i, n in enumerate(SIZES)]
     for lane in sorted(state.lanes):
         for rank in range(workers):
@@ -80,6 +81,35 @@ def test_drain_pushes_leaves_the_state_the_python_path_leaves(workers):
         f = fast.owned[cid]
         assert (f.rounds, f.arrived, f.mask) == (s.rounds, s.arrived, s.mask) == (3, 0, 0)
         assert f.weight.tobytes() == s.weight.tobytes() and f.mom.tobytes() == s.mom.tobytes()
+
+
+@pytest.mark.parametrize("misalign", [0, 2])
+def test_drain_pushes_reads_a_rounds_last_copy_where_it_landed(misalign):
+    """The copy that completes a round is not copied into its slot: `last` views the staging
+    buffer. A payload that is not float-aligned there (after a control frame of odd length) is
+    copied as before."""
+    python, fast = ready_state(2), ready_state(2)
+    lane, s = first_chunk(fast)
+    grads = [gradient(s.chunk.id, s.chunk.size, rank, 1) for rank in (0, 1)]
+    for rank, grad in enumerate(grads):
+        header = wire.Header(wire.Kind.PUSH, 0, rank, s.chunk.id, 1, grad.nbytes)
+        python.push_target(rank, header, lane)[:] = grad.tobytes()
+        python.on_push(rank, header)
+    assert drain(fast, bytearray(push_frame(s.chunk.id, grads[0], 0, 1)), lane, 0)[2] == []
+    buffer = bytearray(b"\0" * misalign + push_frame(s.chunk.id, grads[1], 1, 1))
+    staging = memoryview(buffer)
+    offset, at_frame, completed = drain(fast, staging, lane, 1, start=misalign)
+    assert (offset, at_frame) == (len(buffer), False)
+    [(chunk_state, acc, last)] = completed
+    assert chunk_state is s and acc is s.slots[0]
+    if misalign:
+        assert last is s.slots[1] and s.slots[1].tobytes() == grads[1].tobytes()
+    else:
+        assert isinstance(last, memoryview) and last.obj is buffer and bytes(last) == grads[1].tobytes()
+        assert not s.slots[1].any()  # never written
+    fast._local_round_done(chunk_state, acc, last)
+    assert s.weight.tobytes() == python.owned[s.chunk.id].weight.tobytes()
+    assert s.mom.tobytes() == python.owned[s.chunk.id].mom.tobytes()
 
 
 def first_chunk(state: JobState):

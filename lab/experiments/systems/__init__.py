@@ -57,7 +57,9 @@ class WorkerSystem:
         raise NotImplementedError
 
     def write_gradient(self, key: int, values: np.ndarray) -> None:
-        """Backward produced `values` as the key's gradient: put them where the system pushes from."""
+        """Backward produced `values` as the key's gradient: put them where the system pushes from.
+        `values` stays unchanged until the key's `wait` returns, so a system that can push from
+        the caller's memory (phub) keeps a reference instead of a copy."""
         raise NotImplementedError
 
     def push(self, key: int) -> None:

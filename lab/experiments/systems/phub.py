@@ -56,14 +56,14 @@ class PHubWorker(WorkerSystem):
 
     def setup(self, sizes, initial, optimizer) -> None:
         self._weights = [np.array(a, dtype=np.float32) for a in initial]  # init writes rank 0's values
-        self._grads = [np.zeros(size, np.float32) for size in sizes]
+        self._grads = [None] * len(sizes)
         self._handles = [None] * len(sizes)
         self.kv.init(list(range(len(sizes))), self._weights)
         if optimizer is not None:  # without one the server only sums (breakdown: no_optimizer)
             self.kv.set_optimizer(self._phub.NAG(**optimizer))
 
     def write_gradient(self, key, values) -> None:
-        np.copyto(self._grads[key], values)
+        self._grads[key] = values  # phub pushes from the caller's array: no copy, as a real integration
 
     def push(self, key) -> None:
         self._handles[key] = self.kv.pushpull_async(key, self._grads[key], out=self._weights[key])
