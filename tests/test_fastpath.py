@@ -196,6 +196,25 @@ def test_drain_results_copies_expected_results_and_hands_back_the_rest():
         assert out[:6].tolist() == [1, 2, 3, 4, 5, 6] and handle.left == 0 and set(expect) == {1}
 
 
+@pytest.mark.parametrize("offset", [0, 4, 8, 12])
+@pytest.mark.parametrize("nbytes", [4092, 4096, 4100, 8196, 65536])
+def test_drain_results_copies_every_byte_whatever_the_size_and_alignment(nbytes, offset):
+    """Exactly the payload lands in the caller's array, whatever its size and alignment, and
+    nothing beside it."""
+    table = np.array([[0, nbytes]], dtype=np.int32)
+    out = np.full((offset + nbytes) // 4 + 2, -1.0, np.float32)
+    view = memoryview(out).cast("B")
+    values = np.arange(nbytes // 4, dtype=np.float32) + 0.5
+    handle = Counter(1)
+    expect = {0: (view[offset:offset + nbytes], 1, handle)}
+    staging = bytearray(b"\0" * 3 + wire.pack_header(wire.Kind.RESULT, 0, wire.SERVER_SENDER, 0, 1, nbytes)
+                        + values.tobytes())  # a payload at an odd place in the staging buffer
+    assert fastpath.drain_results(staging, 3, len(staging), 0, 0, table, expect) == (len(staging), False)
+    assert handle.left == 0 and expect == {}
+    assert bytes(view[offset:offset + nbytes]) == values.tobytes()
+    assert (out[:offset // 4] == -1).all() and (out[(offset + nbytes) // 4:] == -1).all()
+
+
 @pytest.mark.parametrize("pieces", [7, 4096, 100_000], ids=lambda n: f"{n}-byte pieces")
 def test_a_staged_link_delivers_every_frame_however_the_bytes_are_cut(pieces):
     """Control frames, pushes the C loop takes, and a control frame larger than the staging buffer."""

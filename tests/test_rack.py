@@ -359,14 +359,33 @@ def test_a_failed_preflight_names_the_link_and_removes_the_rack(monkeypatch):
     assert not set(rack.plan.namespaces) & set(netns.list_namespaces())
 
 
+def _python_for_nobody():
+    """A Python that user nobody may run, in a user namespace (where the rack re-runs itself), with
+    phub and the lab importable: this interpreter, or else the system's of the same version with
+    this one's packages on PYTHONPATH (a virtual environment's interpreter often links into
+    root's home, which nobody may not read). Returns (python, env) or (None, why not)."""
+    import experiments
+
+    packages = {str(Path(module.__file__).resolve().parents[1]) for module in (phub, experiments, np)}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sorted(packages)))
+    why = "not root"
+    for python, with_env in ((sys.executable, None), (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}", env)):
+        if os.geteuid() != 0 or not os.access(python, os.X_OK):
+            continue
+        probe = subprocess.run(NOBODY + ["unshare", "--user", "--map-root-user", "sh", "-c",
+                                         'exec "$0" -c "import phub, experiments, numpy"', python],
+                               capture_output=True, timeout=60, env=with_env)
+        if probe.returncode == 0:
+            return python, with_env
+        why = probe.stderr.decode().strip()[-300:]
+    return None, why
+
+
 def test_an_unprivileged_user_gets_a_rack_in_a_user_namespace():
     """As user nobody (no CAP_NET_ADMIN): `python -m experiments rack up --hold` re-runs itself in a user namespace."""
-    # can nobody, in a user namespace (where phub re-runs itself), start this interpreter with phub?
-    probe = subprocess.run(NOBODY + ["unshare", "--user", "--map-root-user", "sh", "-c", 'exec "$0" -c "import phub"',
-                                     sys.executable], capture_output=True, timeout=60) if os.geteuid() == 0 else None
-    if probe is None or probe.returncode != 0:
-        pytest.skip("needs root (to become user nobody) and a Python with phub that nobody may run: "
-                    + (probe.stderr.decode().strip() if probe else "not root"))
+    python, env = _python_for_nobody()
+    if python is None:
+        pytest.skip(f"needs root (to become user nobody) and a Python with phub that nobody may run: {env}")
     if netns.user_namespace_detail() is not None:
         pytest.skip(f"unprivileged user namespaces are not allowed here: {netns.user_namespace_detail()}")
     where = Path(tempfile.mkdtemp())  # readable by nobody, unlike pytest's tmp_path
@@ -375,9 +394,9 @@ def test_an_unprivileged_user_gets_a_rack_in_a_user_namespace():
     spec.write_text(json.dumps(dict(TINY, preflight={"seconds": 0.3})))
     os.chmod(spec, 0o644)
     try:
-        proc = subprocess.Popen([*NOBODY, *HARNESS, "rack",
+        proc = subprocess.Popen([*NOBODY, python, "-m", "experiments", "rack",
                                  "up", "--spec", str(spec), "--hold", "--json"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=where)
+                                stderr=subprocess.PIPE, text=True, cwd=where, env=env)
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         summary = json.loads(proc.stdout.readline()) if ready else None
         proc.terminate()
