@@ -53,6 +53,18 @@ def test_classify(cpu, busiest, link, bound):
     assert classify(cpu, busiest, link) == bound
 
 
+def test_workers_timed_in_spans_that_do_not_overlap_still_get_a_bound():
+    # a block of two 30 ms iterations, the workers 40 ms apart and 10 ms of checks: the common
+    # span leaves 10 ms, too short a base, so the figures come from the span in which any was
+    ranks = [{"rank": 0, "pid": 11, "window": (1.00, 1.06), "paused": 0.01, "verify_cpu": 0.0},
+             {"rank": 1, "pid": 12, "window": (1.04, 1.10), "paused": 0.0, "verify_cpu": 0.0}]
+    got = summarize(_samples(server_cpu=0.3), ranks, cores=2)
+    assert got["timed_seconds"] == pytest.approx(0.09)
+    assert got["cpu_busy"] == pytest.approx(0.5 * 0.1 / 0.09, abs=1e-3) and got["bound"] == "wire"
+    ranks[1]["window"] = (1.07, 1.13)  # no common span at all
+    assert summarize(_samples(), ranks, cores=2)["timed_seconds"] == pytest.approx(0.12)
+
+
 def test_a_window_the_samples_do_not_cover_gives_nothing():
     assert summarize(_samples(seconds=2.0), _ranks(start=1.0, end=3.0), cores=2) == {}
     assert summarize([], _ranks(), cores=2) == {}

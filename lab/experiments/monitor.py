@@ -6,7 +6,8 @@ every `PERIOD` seconds, the machine's busy CPU time (/proc/stat), the CPU time o
 started under the runner (/proc/PID/stat) and the byte counters of every network namespace those
 processes live in (/proc/PID/net/dev: a node's own links). After the run, `summarize` cuts the
 samples to the timed iterations the workers report (their `window`, CLOCK_MONOTONIC, the same
-clock in every process) and works out:
+clock in every process: the span in which every worker was timed, or, when that is less than
+half of the span in which any was, that one) and works out:
 
 * ``cpu_busy``: the fraction of all cores busy, less the CPU the workers spent on the oracle
   check (outside the timing, but inside the window);
@@ -255,9 +256,16 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
     windows = [r.get("window") for r in ranks]
     if not samples or not windows or any(w is None for w in windows):
         return {}
-    start, end = max(w[0] for w in windows), min(w[1] for w in windows)
     paused = max(float(r.get("paused", 0.0)) for r in ranks)
+    start, end = max(w[0] for w in windows), min(w[1] for w in windows)
+    first, last = min(w[0] for w in windows), max(w[1] for w in windows)
     timed = (end - start) - paused
+    if timed < ((last - first) - paused) / 2:
+        # Blocks of two iterations of tens of ms, workers some ms apart: the span in which every
+        # worker was timed is too short a base for rates (or empty). The span in which any was
+        # is the next best, a little wider than the block.
+        start, end = first, last
+        timed = (end - start) - paused
     if timed <= 0 or samples[0].t > start or samples[-1].t < end:
         return {}
     busy = _delta(samples, start, end, lambda s: s.busy)
