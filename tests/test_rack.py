@@ -361,16 +361,20 @@ def test_a_failed_preflight_names_the_link_and_removes_the_rack(monkeypatch):
 
 def _python_for_nobody():
     """A Python that user nobody may run, in a user namespace (where the rack re-runs itself), with
-    phub and the lab importable: this interpreter, or else the system's of the same version with
-    this one's packages on PYTHONPATH (a virtual environment's interpreter often links into
-    root's home, which nobody may not read). Returns (python, env) or (None, why not)."""
+    phub and the lab importable, as (python, env for it): this interpreter, or else the system's
+    of the same version with this one's packages on PYTHONPATH (a virtual environment's
+    interpreter often links into root's home, which nobody may not read). Skips the test saying
+    why when there is none."""
     import experiments
 
+    skip = "needs root (to become user nobody) and a Python with phub that nobody may run: "
+    if os.geteuid() != 0:
+        pytest.skip(skip + "not root")
     packages = {str(Path(module.__file__).resolve().parents[1]) for module in (phub, experiments, np)}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sorted(packages)))
-    why = "not root"
+    why = "no system Python of this version"
     for python, with_env in ((sys.executable, None), (f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}", env)):
-        if os.geteuid() != 0 or not os.access(python, os.X_OK):
+        if not os.access(python, os.X_OK):
             continue
         probe = subprocess.run(NOBODY + ["unshare", "--user", "--map-root-user", "sh", "-c",
                                          'exec "$0" -c "import phub, experiments, numpy"', python],
@@ -378,14 +382,12 @@ def _python_for_nobody():
         if probe.returncode == 0:
             return python, with_env
         why = probe.stderr.decode().strip()[-300:]
-    return None, why
+    pytest.skip(skip + why)
 
 
 def test_an_unprivileged_user_gets_a_rack_in_a_user_namespace():
     """As user nobody (no CAP_NET_ADMIN): `python -m experiments rack up --hold` re-runs itself in a user namespace."""
     python, env = _python_for_nobody()
-    if python is None:
-        pytest.skip(f"needs root (to become user nobody) and a Python with phub that nobody may run: {env}")
     if netns.user_namespace_detail() is not None:
         pytest.skip(f"unprivileged user namespaces are not allowed here: {netns.user_namespace_detail()}")
     where = Path(tempfile.mkdtemp())  # readable by nobody, unlike pytest's tmp_path

@@ -243,6 +243,8 @@ class CoreProtocol:
                                         state.num_workers, state.fast_table, state.fast_states, completed)
         if offset != start:
             job.last_progress = self.clock()
+            # A round's `last` may be a view of `staging`: every completed round is finished here,
+            # before the link reads into the buffer again.
             if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
                 finish, send = state.finish_round, self._send_result
                 for chunk, acc, last in completed:
