@@ -115,6 +115,7 @@ class ChunkPlan:
         self.lane_loads: List[int] = [0] * topology.lanes  # bytes
         self._key_chunks: Dict[Hashable, List[Chunk]] = {}
         self._key_sizes: Dict[Hashable, int] = {}
+        self._key_spans: Dict[Hashable, List[Tuple[int, int, int]]] = {}
 
     def add_arrays(self, arrays: Iterable[Tuple[Hashable, object]]) -> List[Chunk]:
         """Register a batch of (key, shape) arrays; return the new chunks in chunk-id order."""
@@ -164,6 +165,14 @@ class ChunkPlan:
             return self._key_chunks[key]
         except KeyError:
             raise ConfigError(f"key {key!r} was never registered (call init first)") from None
+
+    def key_spans(self, key: Hashable) -> List[Tuple[int, int, int]]:
+        """(chunk id, first byte, end byte) of each of a key's chunks within the key's array."""
+        spans = self._key_spans.get(key)
+        if spans is None:
+            spans = self._key_spans[key] = [(c.id, c.offset * ITEMSIZE, (c.offset + c.size) * ITEMSIZE)
+                                            for c in self.key_chunks(key)]
+        return spans
 
     def key_size(self, key: Hashable) -> int:
         self.key_chunks(key)

@@ -25,7 +25,7 @@ from typing import Dict, Hashable, List, Optional
 import numpy as np
 
 from . import exiting, wire
-from .chunking import ITEMSIZE, ChunkPlan, Topology
+from .chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .protocol.worker import WorkerProtocol
 from .datapath import DEFAULT_TRANSPORT, worker_path
@@ -221,10 +221,9 @@ class Client(ClientLoop, SideChannels):
         self._iterations[key] = iteration
         handle = Handle(self, len(chunks), out, f"pushpull of key {key!r} (iteration {iteration})",
                         [c.id for c in chunks])
-        expect, out_bytes = self._protocol.expect, memoryview(out_flat).cast("B")
-        for chunk in chunks:  # slicing one byte view per array is cheaper than a view per chunk
-            start = chunk.offset * ITEMSIZE
-            expect[chunk.id] = (out_bytes[start:start + chunk.nbytes], iteration, handle)
+        out_bytes = memoryview(out_flat).cast("B")  # one byte view per array, sliced per chunk
+        self._protocol.expect.update([(cid, (out_bytes[start:end], iteration, handle))
+                                      for cid, start, end in self.plan.key_spans(key)])
         self._inflight[key] = handle
         self._submit(self._data.pushes(self._links, chunks, iteration, memoryview(grad_flat).cast("B")))
         return handle

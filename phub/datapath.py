@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 from . import wire
 from .chunking import ITEMSIZE
 from .errors import ConfigError
@@ -85,6 +87,7 @@ class TcpWorkerPath:
 
     def __init__(self, job_id: int, rank: int):
         self.job_id, self.rank = job_id, rank
+        self._frames: Dict[int, _KeyPushes] = {}  # by a key's first chunk id
 
     @classmethod
     def for_servers(cls, transport: str, job_id: int, rank: int, plan, welcomes: List[dict]) -> "TcpWorkerPath":
@@ -107,13 +110,12 @@ class TcpWorkerPath:
 
     def pushes(self, links: Sequence, chunks, iteration: int, grad: memoryview) -> list:
         """The sends of one pushpull, as (sender, *parts) items for the I/O thread (which calls
-        `sender.send(*parts)`); `grad` is the key's gradient as bytes."""
-        job, rank, pack, items = self.job_id, self.rank, wire.pack_header, []
-        for chunk in chunks:
-            start = chunk.offset * ITEMSIZE
-            items.append((links[chunk.lane], pack(_PUSH, job, rank, chunk.id, iteration, chunk.nbytes),
-                          grad[start:start + chunk.nbytes]))
-        return items
+        `sender.send(*parts)`); `grad` is the key's gradient as bytes. Here one item per lane:
+        its link, then header and payload of each of the key's chunks on that lane."""
+        frames = self._frames.get(chunks[0].id)
+        if frames is None:
+            frames = self._frames[chunks[0].id] = _KeyPushes(self.job_id, self.rank, chunks)
+        return frames.items(links, iteration, grad)
 
     def deliver(self, expect: dict) -> None:
         """Results that landed outside the links: copy each where `expect` (chunk id ->
@@ -121,6 +123,35 @@ class TcpWorkerPath:
 
     def close(self) -> None:
         pass
+
+
+class _KeyPushes:
+    """The PUSH frames of one key, laid out once: their headers differ from one pushpull to the
+    next only in the iteration, which `items` rewrites in place. Safe because a key's next push
+    waits for its previous pushpull, whose results come back only after every push of it was
+    read, so no header is rewritten while it still waits to be sent."""
+
+    __slots__ = ("_iterations", "_lanes")
+
+    def __init__(self, job_id: int, rank: int, chunks):
+        headers = bytearray(b"".join(wire.pack_header(_PUSH, job_id, rank, c.id, 0, c.nbytes) for c in chunks))
+        words = np.frombuffer(headers, dtype="<u4").reshape(len(chunks), wire.HEADER_BYTES // 4)
+        self._iterations = words[:, wire.ITERATION_WORD]
+        view, size, by_lane = memoryview(headers), wire.HEADER_BYTES, {}
+        for i, c in enumerate(chunks):
+            start = c.offset * ITEMSIZE
+            by_lane.setdefault(c.lane, []).append((view[i * size:(i + 1) * size], start, start + c.nbytes))
+        self._lanes = list(by_lane.items())
+
+    def items(self, links: Sequence, iteration: int, grad: memoryview) -> list:
+        self._iterations[:] = iteration
+        items = []
+        for lane, frames in self._lanes:
+            parts = [links[lane]]
+            for header, start, end in frames:
+                parts += (header, grad[start:end])
+            items.append(tuple(parts))
+        return items
 
 
 DEFAULT_TRANSPORT = "tcp"

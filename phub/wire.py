@@ -40,6 +40,7 @@ HANDSHAKE_CONTROL_BYTES = 1 << 16  # what a peer may send before its HELLO is ac
 
 _HEADER = struct.Struct("<4sBBHIIIIII")
 HEADER_BYTES = _HEADER.size  # 32
+ITERATION_WORD = 5  # the iteration's place in a header, counted in 4-byte little-endian words
 
 
 class Kind(enum.IntEnum):
