@@ -1,5 +1,5 @@
 """Builds the C extensions: phub._fastkernels (see phub/kernels.py for why C, not numba) and
-phub._fastpath (the server's push receive loop, see phub/_fastpath.c)."""
+phub._fastpath (the C loops of a server core and of a worker, see phub/_fastpath.c)."""
 from setuptools import Extension, setup
 
 setup(
@@ -7,11 +7,13 @@ setup(
         Extension(
             "phub._fastkernels",
             sources=["phub/_kernels.c"],
+            depends=["phub/_kernels.h"],
             # No -march=native: the build must run anywhere it is installed. fp-contract=off keeps
             # the C kernels bit-identical to the numpy reference (no fused multiply-add).
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],
         ),
         Extension("phub._fastpath", sources=["phub/_fastpath.c"],
+                  depends=["phub/_fastpath_rounds.h", "phub/_kernels.h"],
                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]),
     ]
 )

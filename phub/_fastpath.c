@@ -17,6 +17,11 @@
  * same float32 operations in the same order as JobState.on_push with the kernels of
  * phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python path.
  *
+ * `finish_rounds` then does what JobState.finish_round and TcpServerPath.send_result do for the
+ * rounds of a job on one rack whose lane runs NAG or SGD: the optimizer pass (the loops of
+ * _kernels.h, as the kernels the Python path calls), the round's bookkeeping, and the RESULT
+ * frames, queued per lane for the caller to send. Any other round it hands back untouched.
+ *
  * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
  * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
  */
@@ -32,6 +37,7 @@
 #define TABLE_COLUMNS 3 /* per chunk id: lane (-1: not owned here), payload bytes, ready (0/1) */
 
 static PyObject *s_rounds, *s_arrived, *s_mask, *s_slots, *s_acc, *s_arrived_method;
+static PyObject *s_chunk, *s_id, *s_lane, *s_mom, *s_weight, *s_weight_view, *s_result_view;
 
 static inline uint32_t
 le32(const unsigned char *p)
@@ -354,8 +360,11 @@ done:
     return result;
 }
 
+#include "_fastpath_rounds.h"
+
 static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
+    {"finish_rounds", fp_finish_rounds, METH_VARARGS, finish_rounds_doc},
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -363,7 +372,7 @@ static PyMethodDef fp_methods[] = {
 static struct PyModuleDef fp_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "phub._fastpath",
-    .m_doc = "The per-chunk receive loops in C (see phub/transport.py, StagedLink).",
+    .m_doc = "The per-chunk loops in C (see phub/transport.py, StagedLink, and protocol/server.py).",
     .m_size = -1,
     .m_methods = fp_methods,
 };
@@ -371,14 +380,14 @@ static struct PyModuleDef fp_module = {
 PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
-    s_rounds = PyUnicode_InternFromString("rounds");
-    s_arrived = PyUnicode_InternFromString("arrived");
-    s_mask = PyUnicode_InternFromString("mask");
-    s_slots = PyUnicode_InternFromString("slots");
-    s_acc = PyUnicode_InternFromString("acc");
-    s_arrived_method = PyUnicode_InternFromString("_arrived");
-    if (!s_rounds || !s_arrived || !s_mask || !s_slots || !s_acc || !s_arrived_method) {
-        return NULL;
+    PyObject **names[] = {&s_rounds, &s_arrived, &s_mask, &s_slots, &s_acc, &s_arrived_method, &s_chunk, &s_id,
+                          &s_lane, &s_mom, &s_weight, &s_weight_view, &s_result_view};
+    const char *texts[] = {"rounds", "arrived", "mask", "slots", "acc", "_arrived", "chunk", "id",
+                           "lane", "mom", "weight", "weight_view", "result_view"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
+            return NULL;
+        }
     }
     return PyModule_Create(&fp_module);
 }

@@ -12,17 +12,18 @@
  * float32-aligned, and all buffers of one call must have the same length. Checking the dtype is
  * the caller's job (phub/kernels.py does it): a buffer carries no element type under PyBUF_SIMPLE.
  *
- * The loops are plain element-wise loops that gcc -O3 auto-vectorizes; each reads and writes every
- * element once. The pointers are not declared `restrict`: gcc versions each loop with a cheap
- * runtime overlap check instead, so the vector path is still taken for distinct arrays, and an
- * in-place call such as scale(acc, acc, None, f) stays well defined.
+ * The loops (in _kernels.h, which phub/_fastpath.c shares) are plain element-wise loops that gcc
+ * -O3 auto-vectorizes; each reads and writes every element once. The pointers are not declared
+ * `restrict`: gcc versions each loop with a cheap runtime overlap check instead, so the vector
+ * path is still taken for distinct arrays, and an in-place call such as scale(acc, acc, None, f)
+ * stays well defined.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "_kernels.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Buffer handling
@@ -103,62 +104,6 @@ get_optional(PyObject *obj, Py_buffer *view, int writable, const char *func, con
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Loops. Each is written once with compile-time flags (has_last, do_clip, ...) and always inlined
- * into a call with constant flags, so every variant is a separate branch-free loop gcc vectorizes.
- * The statement order is the specification: do not reorder or merge operations.
- * ------------------------------------------------------------------------------------------- */
-
-/* The aggregated gradient for element i: acc[i] (+ last[i]) times rescale, then optionally clipped.
- * The clip is written as two compares so that NaN propagates exactly like numpy's
- * np.minimum(np.maximum(g, -clip), clip) (fminf/fmaxf would drop the NaN). */
-ALWAYS_INLINE float
-grad_at(const float *acc, const float *last, Py_ssize_t i, float rescale, float clip,
-        const int has_last, const int do_clip)
-{
-    float g = has_last ? acc[i] + last[i] : acc[i];
-    g = rescale * g;
-    if (do_clip) {
-        g = g < -clip ? -clip : g;
-        g = g > clip ? clip : g;
-    }
-    return g;
-}
-
-ALWAYS_INLINE void
-nag_loop(float *w, float *mom, const float *acc, const float *last, Py_ssize_t n, float lr,
-         float mu, float wd, float rescale, float clip, const int has_last, const int do_clip)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float wi = w[i];
-        float g = grad_at(acc, last, i, rescale, clip, has_last, do_clip);
-        g = g + wd * wi;
-        const float m = mu * mom[i] + g;
-        g = g + mu * m;
-        mom[i] = m;
-        w[i] = wi - lr * g;
-    }
-}
-
-ALWAYS_INLINE void
-sgd_loop(float *w, float *mom, const float *acc, const float *last, Py_ssize_t n, float lr,
-         float mu, float wd, float rescale, float clip, const int has_last, const int do_clip,
-         const int has_mom)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const float wi = w[i];
-        const float g = grad_at(acc, last, i, rescale, clip, has_last, do_clip);
-        const float step = lr * (g + wd * wi);
-        if (has_mom) {
-            const float m = mu * mom[i] - step;
-            mom[i] = m;
-            w[i] = wi + m;
-        } else {
-            w[i] = wi - step;
-        }
-    }
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Python entry points
  * ------------------------------------------------------------------------------------------- */
 
@@ -222,12 +167,8 @@ fk_nag(PyObject *self, PyObject *args)
     float *w = (float *)weight.buf, *m = (float *)mom.buf;
     const float *a = (const float *)acc.buf, *l = (const float *)last.buf;
     const Py_ssize_t n = weight.len / (Py_ssize_t)sizeof(float);
-    const int has_last = l != NULL, do_clip = clip > 0.0f;
     Py_BEGIN_ALLOW_THREADS
-    if (has_last && do_clip)  nag_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, 1, 1);
-    else if (has_last)        nag_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, 1, 0);
-    else if (do_clip)         nag_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, 0, 1);
-    else                      nag_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, 0, 0);
+    nag_pass(w, m, a, l, n, lr, mu, wd, rescale, clip);
     Py_END_ALLOW_THREADS
     release_all(bufs, 4);
     Py_RETURN_NONE;
@@ -237,13 +178,6 @@ PyDoc_STRVAR(sgd_doc,
 "sgd(weight, mom, acc, last, lr, momentum, wd, rescale_grad, clip_gradient)\n--\n\n"
 "SGD (with momentum when mom is not None) fused with the final aggregation step;\n"
 "see phub.kernels.");
-
-/* Expands to the sgd_loop call for one (has_last, do_clip) pair, picking the momentum variant. */
-#define SGD_CALL(HL, DC)                                                                       \
-    do {                                                                                       \
-        if (has_mom) sgd_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, HL, DC, 1);            \
-        else         sgd_loop(w, m, a, l, n, lr, mu, wd, rescale, clip, HL, DC, 0);            \
-    } while (0)
 
 static PyObject *
 fk_sgd(PyObject *self, PyObject *args)
@@ -275,12 +209,8 @@ fk_sgd(PyObject *self, PyObject *args)
     float *w = (float *)weight.buf, *m = (float *)mom.buf;
     const float *a = (const float *)acc.buf, *l = (const float *)last.buf;
     const Py_ssize_t n = weight.len / (Py_ssize_t)sizeof(float);
-    const int has_mom = m != NULL, has_last = l != NULL, do_clip = clip > 0.0f;
     Py_BEGIN_ALLOW_THREADS
-    if (has_last && do_clip)  SGD_CALL(1, 1);
-    else if (has_last)        SGD_CALL(1, 0);
-    else if (do_clip)         SGD_CALL(0, 1);
-    else                      SGD_CALL(0, 0);
+    sgd_pass(w, m, a, l, n, lr, mu, wd, rescale, clip);
     Py_END_ALLOW_THREADS
     release_all(bufs, 4);
     Py_RETURN_NONE;

@@ -94,6 +94,7 @@ class JobState:
         self.owned: Dict[int, ChunkState] = {}
         self.chunk_nbytes: List[int] = []
         self.optimizer: Dict[int, Optimizer] = {lane: Aggregate() for lane in self.lanes}
+        self.loop_optimizers: Dict[int, Optional[tuple]] = {lane: None for lane in self.lanes}  # for the C loop
         self._registered: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> ranks
         self._uninitialized: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> chunk ids
         self._ready_sent: Set[Tuple[int, int]] = set()
@@ -227,6 +228,7 @@ class JobState:
         lane sees the optimizer rank 0 sent on that lane before its push, whatever other lanes do.
         """
         self.optimizer[lane] = optimizer
+        self.loop_optimizers[lane] = optimizer.loop_params()
 
     def push_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
         """Where a pushed chunk goes: the sender's slot, after checking it belongs there now."""

@@ -11,6 +11,8 @@ from typing import Dict, Type
 
 from .errors import ConfigError
 
+LOOP_NAG, LOOP_SGD = 1, 2  # the optimizers phub/_fastpath.c runs itself (its OPT_NAG, OPT_SGD)
+
 
 def _check(cls_name: str, name: str, value, *, minimum: float = None, positive: bool = False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -33,6 +35,12 @@ class Optimizer:
     def apply(self, kernels, weight, mom, acc, last, result, num_workers: int) -> None:
         """Update one chunk: `acc` (+ `last`, if not None) is the sum of the workers' gradients."""
         raise NotImplementedError  # pragma: no cover
+
+    def loop_params(self):
+        """What a core's C loop needs to run this optimizer itself (phub/_fastpath.c,
+        finish_rounds): (kind, lr, momentum, wd, rescale_grad, clip_gradient), or None when it
+        leaves the optimizer to `apply`."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,9 @@ class NAG(Optimizer):
     def apply(self, kernels, weight, mom, acc, last, result, num_workers):
         kernels.nag(weight, mom, acc, last, self.learning_rate, self.momentum, self.wd,
                     self.rescale_grad, self.clip_gradient)
+
+    def loop_params(self):
+        return (LOOP_NAG, self.learning_rate, self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,9 @@ class SGD(Optimizer):
     def apply(self, kernels, weight, mom, acc, last, result, num_workers):
         kernels.sgd(weight, mom if self.momentum > 0 else None, acc, last, self.learning_rate,
                     self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
+
+    def loop_params(self):
+        return (LOOP_SGD, self.learning_rate, self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from phub import wire
 from phub.aggregation import JobState
 from phub.chunking import Topology
 from phub.kernels import for_owned_buffers, get_backend
-from phub.optim import NAG
+from phub.datapath import TcpServerPath
+from phub.optim import NAG, SGD, Aggregate
 from phub.transport import StagedLink
 from test_transport import tcp_pair
 
@@ -110,6 +111,66 @@ def test_drain_pushes_reads_a_rounds_last_copy_where_it_landed(misalign):
     fast._local_round_done(chunk_state, acc, last)
     assert s.weight.tobytes() == python.owned[s.chunk.id].weight.tobytes()
     assert s.mom.tobytes() == python.owned[s.chunk.id].mom.tobytes()
+
+
+class Recorder:
+    """A link that keeps what it is asked to send, as bytes."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, *parts):
+        self.sent.extend(bytes(p) for p in parts)
+
+
+OPTIMIZERS = {
+    "nag": NAG(learning_rate=0.1, momentum=0.9, rescale_grad=0.5),
+    "nag, wd and clipping": NAG(learning_rate=0.05, momentum=0.5, wd=0.01, rescale_grad=1.0, clip_gradient=0.3),
+    "sgd with momentum": SGD(learning_rate=0.1, momentum=0.9, wd=0.001, rescale_grad=0.5),
+    "sgd": SGD(learning_rate=0.1),
+    "aggregate (left to Python)": Aggregate(average=True),
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer):
+    """Weights, momentum, round bookkeeping and the RESULT frames sent, byte for byte; the first
+    round of a chunk (momentum not yet allocated) and an optimizer the loop does not run are
+    handed back, and the Python path finishes those."""
+    python, fast = ready_state(workers), ready_state(workers)
+    lane = min(fast.lanes)
+    for state in (python, fast):
+        state.set_optimizer(lane, optimizer)
+    links = {"python": [Recorder() for _ in range(workers)], "fast": [Recorder() for _ in range(workers)]}
+    chunks = [s for s in fast.owned.values() if s.chunk.lane == lane]
+    for iteration in (1, 2, 3):
+        completed = []
+        for rank in range(workers):
+            frames = bytearray()
+            for s in chunks:
+                grad = gradient(s.chunk.id, s.chunk.size, rank, iteration)
+                header = wire.Header(wire.Kind.PUSH, 0, rank, s.chunk.id, iteration, grad.nbytes)
+                python.push_target(rank, header, lane)[:] = grad.tobytes()
+                for event in python.on_push(rank, header):
+                    TcpServerPath(0).send_result(event.state, links["python"])
+                frames += push_frame(s.chunk.id, grad, rank, iteration)
+            completed += drain(fast, frames, lane, rank)[2]
+        parts = {}
+        rest = fastpath.finish_rounds(completed, 0, fast.loop_optimizers, parts)
+        in_python = iteration == 1 and optimizer.needs_momentum or optimizer.loop_params() is None
+        assert rest == (completed if in_python else [])
+        for link in links["fast"]:
+            link.send(*parts.get(lane, []))
+        for chunk_state, acc, last in rest:
+            fast.finish_round(chunk_state, acc, last)
+            TcpServerPath(0).send_result(chunk_state, links["fast"])
+    assert [link.sent for link in links["fast"]] == [link.sent for link in links["python"]]
+    for s in chunks:
+        p = python.owned[s.chunk.id]
+        assert (s.rounds, s.arrived, s.mask) == (p.rounds, p.arrived, p.mask) == (3, 0, 0)
+        assert s.weight.tobytes() == p.weight.tobytes()
+        assert (s.mom is None) == (p.mom is None) and (s.mom is None or s.mom.tobytes() == p.mom.tobytes())
 
 
 def first_chunk(state: JobState):

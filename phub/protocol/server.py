@@ -38,9 +38,9 @@ from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import Job, Peer, RefusalLog
 
 try:
-    from .._fastpath import drain_pushes
+    from .._fastpath import drain_pushes, finish_rounds
 except ImportError:  # not built: every frame takes the Python path
-    drain_pushes = None
+    drain_pushes = finish_rounds = None
 
 _PUSH = wire.Kind.PUSH
 _SERVER = wire.SERVER_SENDER
@@ -246,8 +246,13 @@ class CoreProtocol:
             # A round's `last` may be a view of `staging`: every completed round is finished here,
             # before the link reads into the buffer again.
             if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
+                results: dict = {}  # lane -> RESULT headers and payloads of the rounds the C loop finished
+                rest = finish_rounds(completed, job.spec.job_id, state.loop_optimizers, results)
+                for lane, parts in results.items():
+                    for link in job.links[lane]:
+                        link.send(*parts)
                 finish, send = state.finish_round, self._send_result
-                for chunk, acc, last in completed:
+                for chunk, acc, last in rest:
                     finish(chunk, acc, last)
                     send(job, chunk)
             else:
