@@ -176,6 +176,19 @@ def test_chunk_shape_matched_by_paper_equivalent_bytes():
     assert "interpolated" in c.reason and 740 / 770 < c.paper < 1.0 and c.ours == pytest.approx(740 / 770)
 
 
+def test_a_flat_chunk_sweep_has_no_peak_to_agree_with():
+    """Every size within noise of the best: the peak row differs, saying the sweep is flat, even
+    where the highest median happens to fall on the paper's 32 KB."""
+    rows = []
+    for size, rate in ((2048, 760.0), (4096, 770.0), (6144, 765.0)):  # paper-equivalent x 8: 16, 32, 48 KB
+        rows += repeats(experiment="chunk_sweep", chunk_bytes=size, chunk_bytes_paper=size * 8, samples_per_s=rate,
+                        point=f"c{size}")
+    peak = one(claims_of(rows), "Training throughput peaks at 32 KB chunks")
+    assert peak.ours == "none (flat)" and peak.verdict == DIFFER and peak.ratio is None
+    assert "the sweep is flat: every size got at least 0.987 of the best rate" in peak.reason
+    assert "highest median samples/s was at 32 KB" in peak.reason and not peak.problems()
+
+
 def test_multitenant_and_calibration_rows(tmp_path):
     rows = []
     for variant, seconds in (("alone", 1.0), ("shared", 3.0)):  # sharing costs more than the share

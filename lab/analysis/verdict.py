@@ -151,7 +151,8 @@ def _names(points: List[str], most: int = 4) -> str:
 class Claim:
     """A paper claim. `kind` is ratio | percent | at_least | order | exact | paper_only.
 
-    `paper` and `ours` are numbers, or for kind=order the system names from first to last.
+    `paper` and `ours` are numbers, or for kind=order the system names from first to last; for
+    kind=exact `ours` may be a word where the run has no number to give (compared as unequal).
     `basis` says where ours comes from: "measured" (this run) or "derived" (the paper's numbers,
     or our measurement plus the model stated in `method`). `why` explains a verdict of differ,
     no data or paper only; `cause` is a differ's cause (a measured one or CAUSE_UNKNOWN); `note`
@@ -180,7 +181,7 @@ class Claim:
 
     @property
     def ratio(self) -> Optional[float]:
-        if self.kind in ("order", "paper_only") or self.missing or not self.paper:
+        if self.kind in ("order", "paper_only") or self.missing or not self.paper or isinstance(self.ours, str):
             return None
         return float(self.ours) / float(self.paper)
 
@@ -192,9 +193,9 @@ class Claim:
         if self.kind == "order":
             common = [s for s in self.paper if s in self.ours]
             return AGREE if len(common) >= 2 and [s for s in self.ours if s in common] == common else DIFFER
+        if self.kind == "exact":  # numbers, or a word where ours has none (a flat sweep's peak)
+            return AGREE if self.ours == self.paper else DIFFER
         ours, paper = float(self.ours), float(self.paper)
-        if self.kind == "exact":
-            return AGREE if ours == paper else DIFFER
         if self.kind == "percent":
             band = PERCENT_RELATIVE * abs(paper) if paper else PERCENT_AT_ZERO
             return AGREE if abs(ours - paper) <= band else DIFFER
@@ -267,6 +268,8 @@ def fmt(value: Value, unit: str = "") -> str:
     """A value as the report prints it."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
+    if isinstance(value, str):
+        return value
     if isinstance(value, (list, tuple)):
         return " > ".join(value) if value else "—"
     number = f"{float(value):.3g}" if abs(float(value)) < 100 else f"{float(value):,.0f}"
