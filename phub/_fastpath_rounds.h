@@ -16,10 +16,11 @@ release_acquired(Py_buffer *view)
     }
 }
 
-/* An optimizer as JobState.loop_optimizers holds it: (kind, lr, momentum, wd, rescale, clip). */
+/* An optimizer as JobState.loop_optimizers holds it (Optimizer.loop_params):
+ * (kind, needs_momentum, lr, momentum, wd, rescale, clip). */
 enum { OPT_NAG = 1, OPT_SGD = 2 };
 typedef struct {
-    int kind;
+    int kind, needs_mom;
     float lr, mu, wd, rescale, clip;
 } fast_optimizer;
 
@@ -30,7 +31,8 @@ get_optimizer(PyObject *params, fast_optimizer *opt)
     if (params == Py_None) {
         return 0;
     }
-    if (!PyArg_ParseTuple(params, "ifffff", &opt->kind, &opt->lr, &opt->mu, &opt->wd, &opt->rescale, &opt->clip)) {
+    if (!PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd, &opt->rescale,
+                          &opt->clip)) {
         return -1;
     }
     return opt->kind == OPT_NAG || opt->kind == OPT_SGD;
@@ -100,7 +102,7 @@ finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts)
         (shown = PyObject_GetAttr(state, s_result_view)) == NULL) {
         goto out;
     }
-    int needs_mom = opt.kind == OPT_NAG || opt.mu > 0.0f;
+    const int needs_mom = opt.needs_mom;
     if ((needs_mom && mom_obj == Py_None) || shown != view) {
         done = 0; /* its first round (momentum to allocate) or a result of its own: finish_round */
         goto out;
@@ -148,7 +150,7 @@ PyDoc_STRVAR(finish_rounds_doc,
 "finish_rounds(completed, job, optimizers, parts)\n--\n\n"
 "Finish the rounds drain_pushes completed (a list of (state, acc, last)) as JobState.finish_round\n"
 "and TcpServerPath.send_result would, for every lane whose entry in `optimizers` (lane ->\n"
-"(kind, lr, momentum, wd, rescale, clip), kind 1 NAG or 2 SGD, or None) this loop runs: RESULT\n"
+"Optimizer.loop_params(): kind 1 NAG or 2 SGD, or None) this loop runs: RESULT\n"
 "header and weights view are appended to parts[lane]. Returns the rounds left to Python, in order.");
 
 static PyObject *

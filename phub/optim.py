@@ -26,6 +26,7 @@ def _check(cls_name: str, name: str, value, *, minimum: float = None, positive: 
 @dataclass(frozen=True)
 class Optimizer:
     name = "base"
+    loop_kind = None  # LOOP_NAG or LOOP_SGD: phub/_fastpath.c runs this optimizer itself
     needs_momentum = False
     returns_weights = True  # False: the result is the aggregate itself, not new weights
 
@@ -38,9 +39,12 @@ class Optimizer:
 
     def loop_params(self):
         """What a core's C loop needs to run this optimizer itself (phub/_fastpath.c,
-        finish_rounds): (kind, lr, momentum, wd, rescale_grad, clip_gradient), or None when it
-        leaves the optimizer to `apply`."""
-        return None
+        finish_rounds): (kind, needs_momentum, lr, momentum, wd, rescale_grad, clip_gradient),
+        or None when it leaves the optimizer to `apply`."""
+        if self.loop_kind is None:
+            return None
+        return (self.loop_kind, self.needs_momentum, self.learning_rate, self.momentum, self.wd,
+                self.rescale_grad, self.clip_gradient)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class NAG(Optimizer):
     rescale_grad: float = 1.0
     clip_gradient: float = -1.0  # <= 0: no clipping
     name = "nag"
+    loop_kind = LOOP_NAG
     needs_momentum = True
 
     def __post_init__(self):
@@ -66,9 +71,6 @@ class NAG(Optimizer):
         kernels.nag(weight, mom, acc, last, self.learning_rate, self.momentum, self.wd,
                     self.rescale_grad, self.clip_gradient)
 
-    def loop_params(self):
-        return (LOOP_NAG, self.learning_rate, self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
-
 
 @dataclass(frozen=True)
 class SGD(Optimizer):
@@ -80,6 +82,7 @@ class SGD(Optimizer):
     rescale_grad: float = 1.0
     clip_gradient: float = -1.0
     name = "sgd"
+    loop_kind = LOOP_SGD
 
     def __post_init__(self):
         _check("SGD", "learning_rate", self.learning_rate, minimum=0)
@@ -95,9 +98,6 @@ class SGD(Optimizer):
     def apply(self, kernels, weight, mom, acc, last, result, num_workers):
         kernels.sgd(weight, mom if self.momentum > 0 else None, acc, last, self.learning_rate,
                     self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
-
-    def loop_params(self):
-        return (LOOP_SGD, self.learning_rate, self.momentum, self.wd, self.rescale_grad, self.clip_gradient)
 
 
 @dataclass(frozen=True)
