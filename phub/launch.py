@@ -27,7 +27,7 @@ from .errors import ConfigError, PHubError
 from .supervisor import Supervisor
 
 READY_TIMEOUT = 60.0
-_JOIN_LAG = 2.0  # seconds a server's "joined" line may trail its worker's exit (a pipe and a thread)
+_JOIN_LAG = 2.0  # seconds a server's "joined" line, or else its exit, may trail its workers' exit
 
 
 @dataclass
@@ -231,8 +231,10 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
             if failure and failure.startswith("the phub server") and joins.missing(members):
                 failure += f"; {_named(joins.missing(members), several)} never connected to it"
             if failure is None:
+                # A `once` server exits 0 only after every rank of every job said BYE, so its clean
+                # exit proves they all connected even when a `joined` line comes late.
                 missing = joins.missing(members, _JOIN_LAG)
-                if missing:
+                if missing and supervisor.wait_services(_JOIN_LAG) is not None:
                     failure = f"{_named(missing, several)} exited (status 0) without ever connecting to the phub server"
             failure = failure or supervisor.wait_services()
             result.worker_status = dict(supervisor.worker_status)

@@ -12,6 +12,7 @@ import pytest
 
 from phub.config import JobSpec, ServerConfig
 from phub.errors import ConfigError, PHubError
+from phub import launch
 from phub.launch import run_job
 from phub.supervisor import Supervisor, blame
 
@@ -114,6 +115,19 @@ def test_run_job_serves_two_jobs_on_one_server_each_with_its_own_ranks_and_envir
         for rank in (0, 1):
             line = f"[job {job} rank {rank}] job {job} rank {rank} tag {tag} result {expected:.1f} {expected:.1f}"
             assert line in text, text
+
+
+def test_a_job_whose_joined_lines_never_arrive_still_succeeds_when_its_server_exits_cleanly(monkeypatch):
+    # The server's `joined` lines are dropped: its clean exit (after every rank said BYE) must be
+    # taken as proof that every rank connected, not a failure "exited without ever connecting".
+    monkeypatch.setattr(launch._Joins, "read", lambda self, stream: stream.read())
+    out = io.StringIO()
+    config = ServerConfig(jobs=(JobSpec(1, 2),), timeout=60)
+    env = dict(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TAG="t")
+    result = launch.run_job([PY, "-c", WORKER.format(steps=2)], 2, config, extra_env=env, stdout=out, stderr=out,
+                            time_limit=120)
+    assert result.status == 0, (result.failed, out.getvalue())
+    assert "job 1 rank 1 tag t result -6.0 -6.0" in out.getvalue(), out.getvalue()
 
 
 def test_run_job_with_two_jobs_names_the_job_of_the_worker_that_failed():
