@@ -62,12 +62,11 @@ def test_the_chunk_sweep_runs_paper_equivalent_sizes_without_duplicates():
 def test_chunks_sized_by_their_paper_equivalent_move_a_model_in_about_the_papers_chunk_count(paper_bytes):
     """With rack.chunk_bytes_paper, real chunks are it / s_m, so each worker's share of a scaled
     model travels in the chunks the paper's full model would at that size (32 KB: the paper's
-    count; 64 KB: within 2x of it)."""
+    count; 64 KB: within 2x of it), unless that chunk would be under rack.min_chunk_bytes."""
     from tidy import chunks_per_worker
 
     config = load("config/config.yaml")
-    del config["rack"]["chunk_bytes"]
-    config["rack"]["chunk_bytes_paper"] = paper_bytes
+    config["rack"].update(chunk_bytes_paper=paper_bytes, min_chunk_bytes=64)
     jsonschema.validate(config, SCHEMA)
     for p in points.points(config):
         if "rack" not in p or p["experiment"] == "chunk_sweep":
@@ -79,14 +78,43 @@ def test_chunks_sized_by_their_paper_equivalent_move_a_model_in_about_the_papers
         assert papers * 32768 / paper_bytes <= ours <= papers * 2, (p["id"], ours, papers)
 
 
+def test_the_grid_moves_the_papers_chunk_count_where_chunks_stay_above_their_floor():
+    """The full grid sizes chunks at the paper's 32 KB / s_m: 488 B at 10 Gbps (the paper's
+    count); at 56 Gbps that would be 88 B, so the floor (480 B) sets them and the point records
+    the coarser paper-equivalent chunk it then is."""
+    config = load("config/config.yaml")
+    floor = config["rack"]["min_chunk_bytes"]
+    seen = set()
+    for p in points.points(config):
+        if "rack" not in p or p["experiment"] == "chunk_sweep":
+            continue
+        s_m = p["rack"]["scale"]["model"]
+        wanted = max(points.scaled_chunk(points.PAPER_CHUNK_BYTES, s_m), floor)
+        assert p["chunk_bytes"] == wanted and p["chunk_bytes"] % 4 == 0, p["id"]
+        assert p["chunk_bytes_paper"] == round(wanted * s_m), p["id"]
+        seen.add((p["rack"]["link_gbps"], p["chunk_bytes"]))
+    assert seen == {(10, 488), (56, floor)}
+    config["rack"]["min_chunk_bytes"] = 64
+    at_56 = {p["chunk_bytes"] for p in points.points(config) if p.get("setting") == "ib56g"}
+    assert at_56 == {84}  # 32 KB / 373.3 = 87.8 B, in whole float32 elements
+
+
+def test_a_chunk_floor_without_paper_sized_chunks_is_refused():
+    config = load("config/quick.yaml")
+    del config["rack"]["chunk_bytes_paper"]
+    config["rack"].update(chunk_bytes=8192, min_chunk_bytes=480)
+    with pytest.raises(jsonschema.ValidationError, match="chunk_bytes_paper"):
+        jsonschema.validate(config, SCHEMA)
+
+
 def test_chunks_are_sized_one_way_at_a_time():
     config = load("config/quick.yaml")
-    config["rack"]["chunk_bytes_paper"] = 65536
+    config["rack"]["chunk_bytes"] = 8192
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(config, SCHEMA)
-    del config["rack"]["chunk_bytes"]
-    jsonschema.validate(config, SCHEMA)
     del config["rack"]["chunk_bytes_paper"]
+    jsonschema.validate(config, SCHEMA)
+    del config["rack"]["chunk_bytes"]
     assert {p["chunk_bytes"] for p in points.points(config)
             if "rack" in p and p["experiment"] != "chunk_sweep"} == {points.DEFAULT_CHUNK_BYTES}
 

@@ -10,11 +10,12 @@ How the paper's testbed is scaled down (config `rack:`), the same for every poin
   this slow keep every point's cores mostly idle (measured: README, "What bounded the points");
 * model bytes are divided by s_m = s_n / `time_stretch`, so a run takes `time_stretch` times the
   paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
-* chunks are `chunk_bytes` (8 KB; the paper-equivalent chunk, `chunk_bytes_paper`, is that x
-  s_m), or, with `chunk_bytes_paper` set instead, that / s_m, so that a model travels in the
-  number of chunks the paper's model would at that size. The paper's counts cost more CPU than
-  two cores have (measured in the README: at 64 KB paper-equivalent, half the paper's count,
-  phub's wire-bound runs fell from 168 to 115 of 216). The chunk sweep sets its own s_m and sizes.
+* chunks are `chunk_bytes_paper` / s_m (the config sets the paper's 32 KB), so that a model
+  travels in the number of chunks the paper's model would at that size, but never smaller than
+  `min_chunk_bytes` (480 B: at 56 Gbps, 32 KB / s_m would be 88 B chunks, a quarter of whose wire
+  bytes would be their 32 B headers); or `chunk_bytes` as they are (default 8 KB). The point
+  records the paper-equivalent chunk, chunk bytes x s_m, either way. The chunk sweep sets its
+  own s_m and sizes.
 
 Points that share a rack spec form a *shape*: the runner brings one rack up per shape and runs
 all its points in it. Points with the same measurement (the same system, model, rack, options)
@@ -32,6 +33,9 @@ SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
 DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
 DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes (unless rack.chunk_bytes_paper is set)
+# config: rack.min_chunk_bytes, the floor of chunks sized by rack.chunk_bytes_paper: a chunk's 32 B
+# frame header stays at most 1/15 of what it moves (the paper's 32 KB chunks: 1/1000)
+DEFAULT_MIN_CHUNK_BYTES = 480
 # What makes two points the same measurement (everything but where it is filed).
 MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
                     "variant", "network", "rack", "repeats", "iterations", "warmup", "verify", "hostfile")
@@ -50,7 +54,7 @@ def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
             "link_gbps": gbps, "oversubscription": float(oversubscription)}
     passed = {k: v for k, v in config.get("rack", {}).items()
-              if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper")}  # preflight, port, queueing
+              if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper", "min_chunk_bytes")}  # preflight, port, queueing
     rack.update(passed, scale=_scale(config, gbps, model_scale))
     return rack
 
@@ -71,7 +75,8 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
     if emulated and "chunk_bytes" not in fields:
         settings = config.get("rack", {})
         paper = settings.get("chunk_bytes_paper")
-        point["chunk_bytes"] = scaled_chunk(paper, s_m) if paper else settings.get("chunk_bytes", DEFAULT_CHUNK_BYTES)
+        point["chunk_bytes"] = (max(scaled_chunk(paper, s_m), settings.get("min_chunk_bytes", DEFAULT_MIN_CHUNK_BYTES))
+                                if paper else settings.get("chunk_bytes", DEFAULT_CHUNK_BYTES))
     point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
     measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
     measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
