@@ -68,6 +68,14 @@ class TcpServerPath:
         for link in links:
             link.send(header, view)
 
+    def send_result_frames(self, frames_by_lane: dict, links_by_lane: dict) -> None:
+        """Send the RESULT frames the C loop built for the rounds it finished (lane -> the frames'
+        headers and payloads, in order): what `send_result` sends, many rounds per call. Only a
+        path whose `frames_carry_pushes` gets them: there results are frames too."""
+        for lane, parts in frames_by_lane.items():
+            for link in links_by_lane[lane]:
+                link.send(*parts)
+
     def poll(self) -> list:
         """The pushes that landed outside the links: (local rank, lane, PUSH header) each."""
         return []

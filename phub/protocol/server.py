@@ -246,13 +246,9 @@ class CoreProtocol:
             # A round's `last` may be a view of `staging`: every completed round is finished here,
             # before the link reads into the buffer again.
             if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
-                # lane -> RESULT headers and payloads of the rounds the C loop finished (pushes that
-                # come as frames mean the TCP path, whose results are frames too: send_result's)
-                results: dict = {}
+                results: dict = {}  # lane -> RESULT headers and payloads of the rounds the C loop finished
                 rest = finish_rounds(completed, job.spec.job_id, state.loop_optimizers, results)
-                for lane, parts in results.items():
-                    for link in job.links[lane]:
-                        link.send(*parts)
+                job.data.send_result_frames(results, job.links)
                 finish, send = state.finish_round, self._send_result
                 for chunk, acc, last in rest:
                     finish(chunk, acc, last)
