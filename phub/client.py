@@ -68,7 +68,6 @@ class Client(ClientLoop, SideChannels):
         self._wake_pending = False
         self._judging = False  # ClientLoop._lost_lane is reading the other lanes
         self._lock = threading.Lock()  # guards _wake_pending
-        self._data = None  # how chunks move (datapath.TcpWorkerPath, or an RDMA one): the server's choice
 
         addresses = [part.strip() for part in address.split(",") if part.strip()]
         welcomes = [self._discover(a) for a in parse_addresses(address)]
@@ -83,7 +82,7 @@ class Client(ClientLoop, SideChannels):
         self.topology = Topology(interfaces, cores, lanes_per_pair, servers=len(welcomes))
         self.plan = ChunkPlan(self.topology, chunk_bytes)
         self.transport = welcomes[0].get("transport", DEFAULT_TRANSPORT)
-        self._data = self._protocol.data = worker_path(self.transport, job_id, rank, self.plan, welcomes)
+        self._protocol.data = worker_path(self.transport, job_id, rank, self.plan, welcomes)
         self._selector = selectors.DefaultSelector()
         self._links: List[Link] = []
         self._outbox: List[Link] = []  # links with output queued in this I/O loop iteration
@@ -279,11 +278,21 @@ class Client(ClientLoop, SideChannels):
     def __exit__(self, *exc) -> None:
         self.close(abort=None if exc[0] is None else f"rank {self.rank} raised {exc[0].__name__}: {exc[1]}")
 
+    @property
+    def _data(self):
+        """How chunks move (datapath.TcpWorkerPath, or an RDMA one): the server's choice, held by
+        the protocol, which hands it what arrives; None until the servers have answered."""
+        return self._protocol.data
+
     def _check_failed(self) -> None:
         if self._protocol.error is not None:
             raise JobFailed(f"rank {self.rank}: {self._protocol.error}")
         if self._closing:
             raise PHubError("the client is closed")
+
+    def _awaiting(self, chunks) -> list:
+        """Of `chunks`, those whose result has not arrived yet (a timed-out Handle names them)."""
+        return self._protocol.awaiting(chunks)
 
 
 def connect(address: Optional[str] = None, rank: Optional[int] = None, num_workers: Optional[int] = None,

@@ -36,7 +36,7 @@ class Handle:
         timeout = self._client.timeout if timeout is None else check_timeout(timeout)
         if not self._event.wait(timeout):
             self._client._check_failed()
-            missing = self._client._protocol.awaiting(self._chunks)
+            missing = self._client._awaiting(self._chunks)
             shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
             raise PHubTimeout(f"{self._what} timed out after {timeout:g} s; "
                               f"{self._remaining} result(s) missing (chunks {shown or 'none'}, or a READY)")

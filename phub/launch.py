@@ -228,7 +228,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                 return None
 
             failure = supervisor.wait_workers(time_limit, never_connected)
-            if failure and failure.startswith("the phub server") and joins.missing(members):
+            if failure and supervisor.failed_service and joins.missing(members):
                 failure += f"; {_named(joins.missing(members), several)} never connected to it"
             if failure is None:
                 # A `once` server exits 0 only after every rank of every job said BYE, so its clean

@@ -79,6 +79,7 @@ class Supervisor:
         self._services: List[Tuple[str, subprocess.Popen]] = []
         self._workers: List[Tuple[str, subprocess.Popen]] = []
         self.worker_status: Dict[str, int] = {}  # exit status of each worker seen exiting
+        self.failed_service: Optional[str] = None  # the service whose failure ended `wait_workers`
         self._pumps: List[threading.Thread] = []
 
     def __enter__(self) -> "Supervisor":
@@ -134,6 +135,7 @@ class Supervisor:
             for name, proc in self._services:
                 code = proc.poll()
                 if code not in (None, 0):
+                    self.failed_service = name
                     return f"{name} failed (status {code}) while the workers were running"
             reason = check() if check else None
             if reason:

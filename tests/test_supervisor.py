@@ -47,6 +47,7 @@ def test_a_failing_worker_is_named_and_the_rest_are_stopped():
         sleeper = supervisor.start("sleeper", [PY, "-c", "import time; time.sleep(600)"])
         supervisor.start("quitter", _exit(7))
         assert supervisor.wait_workers(time_limit=60) == "quitter exited with status 7"
+        assert supervisor.failed_service is None  # a worker's failure, not a service's
     assert sleeper.poll() is not None  # leaving the block stopped it
 
 
@@ -56,6 +57,7 @@ def test_a_service_that_fails_first_is_named_one_that_exits_zero_is_not():
         supervisor.start("broken service", _exit(3), service=True)
         supervisor.start("worker", [PY, "-c", "import time; time.sleep(600)"])
         assert supervisor.wait_workers(time_limit=60) == "broken service failed (status 3) while the workers were running"
+        assert supervisor.failed_service == "broken service"
 
 
 def test_the_time_limit_and_a_check_end_the_wait_naming_why():
