@@ -160,8 +160,7 @@ def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer)
         rest = fastpath.finish_rounds(completed, 0, fast.loop_optimizers, parts)
         in_python = iteration == 1 and optimizer.needs_momentum or optimizer.loop_params() is None
         assert rest == (completed if in_python else [])
-        for link in links["fast"]:
-            link.send(*parts.get(lane, []))
+        TcpServerPath(0).send_result_frames(parts, {lane: links["fast"]})
         for chunk_state, acc, last in rest:
             fast.finish_round(chunk_state, acc, last)
             TcpServerPath(0).send_result(chunk_state, links["fast"])

@@ -80,7 +80,7 @@ def test_chunks_sized_by_their_paper_equivalent_move_a_model_in_about_the_papers
 
 def test_the_grid_moves_the_papers_chunk_count_where_chunks_stay_above_their_floor():
     """The full grid sizes chunks at the paper's 32 KB / s_m: 488 B at 10 Gbps (the paper's
-    count); at 56 Gbps that would be 88 B, so the floor (480 B) sets them and the point records
+    count); at 56 Gbps that would be 84 B, so the floor (480 B) sets them and the point records
     the coarser paper-equivalent chunk it then is."""
     config = load("config/config.yaml")
     floor = config["rack"]["min_chunk_bytes"]

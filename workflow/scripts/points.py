@@ -12,7 +12,7 @@ How the paper's testbed is scaled down (config `rack:`), the same for every poin
   paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
 * chunks are `chunk_bytes_paper` / s_m (the config sets the paper's 32 KB), so that a model
   travels in the number of chunks the paper's model would at that size, but never smaller than
-  `min_chunk_bytes` (480 B: at 56 Gbps, 32 KB / s_m would be 88 B chunks, a quarter of whose wire
+  `min_chunk_bytes` (480 B: at 56 Gbps, 32 KB / s_m would be 84 B chunks, 28% of whose wire
   bytes would be their 32 B headers); or `chunk_bytes` as they are (default 8 KB). The point
   records the paper-equivalent chunk, chunk bytes x s_m, either way. The chunk sweep sets its
   own s_m and sizes.
@@ -28,14 +28,15 @@ import json
 from typing import Dict, Iterator, List
 
 from experiments.models import PAPER_CHUNK_BYTES, scaled_chunk
+from phub.wire import HEADER_BYTES
 
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit
 DEFAULT_TIME_STRETCH = 4.0  # config: rack.time_stretch
 DEFAULT_CHUNK_BYTES = 8192  # config: rack.chunk_bytes (unless rack.chunk_bytes_paper is set)
-# config: rack.min_chunk_bytes, the floor of chunks sized by rack.chunk_bytes_paper: a chunk's 32 B
-# frame header stays at most 1/15 of what it moves (the paper's 32 KB chunks: 1/1000)
-DEFAULT_MIN_CHUNK_BYTES = 480
+# config: rack.min_chunk_bytes, the floor of chunks sized by rack.chunk_bytes_paper: a chunk's frame
+# header stays at most 1/15 of what it moves (the paper's 32 KB chunks: 1/1000); 480 B
+DEFAULT_MIN_CHUNK_BYTES = 15 * HEADER_BYTES
 # What makes two points the same measurement (everything but where it is filed).
 MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes", "compute",
                     "variant", "network", "rack", "repeats", "iterations", "warmup", "verify", "hostfile")
