@@ -137,9 +137,14 @@ class _KeyPushes:
     """The PUSH frames of one key, laid out once: their headers differ from one pushpull to the
     next only in the iteration, which `items` rewrites in place. Safe because a key's next push
     waits for its previous pushpull, whose results come back only after every push of it was
-    read, so no header is rewritten while it still waits to be sent."""
+    read, so no header is rewritten while it still waits to be sent.
 
-    __slots__ = ("_iterations", "_lanes")
+    The items (headers and gradient slices) are kept for the next pushpull too: a training loop
+    pushes a key's gradient from the same memory every time, and then nothing is sliced again
+    (per chunk, that would be the worker's largest cost at small chunks). They hold a view of
+    the last gradient, which keeps its memory alive until the key is pushed from other memory."""
+
+    __slots__ = ("_iterations", "_lanes", "_items", "_links", "_source")
 
     def __init__(self, job_id: int, rank: int, chunks):
         headers = bytearray(b"".join(wire.pack_header(_PUSH, job_id, rank, c.id, 0, c.nbytes) for c in chunks))
@@ -150,16 +155,24 @@ class _KeyPushes:
             start = c.offset * ITEMSIZE
             by_lane.setdefault(c.lane, []).append((view[i * size:(i + 1) * size], start, start + c.nbytes))
         self._lanes = list(by_lane.items())
+        self._items: list = []
+        self._links: Optional[Sequence] = None  # the links and the gradient's (address, bytes)
+        self._source: tuple = ()  # that the items were made for
 
     def items(self, links: Sequence, iteration: int, grad: memoryview) -> list:
         self._iterations[:] = iteration
-        items = []
-        for lane, frames in self._lanes:
-            parts = [links[lane]]
-            for header, start, end in frames:
-                parts += (header, grad[start:end])
-            items.append(tuple(parts))
-        return items
+        # The address names the memory: the kept items hold the last gradient's, so no other
+        # buffer can be at the same address while they are kept.
+        source = (np.frombuffer(grad, np.uint8).__array_interface__["data"][0], len(grad))
+        if links is not self._links or source != self._source:
+            items = []
+            for lane, frames in self._lanes:
+                parts = [links[lane]]
+                for header, start, end in frames:
+                    parts += (header, grad[start:end])
+                items.append(tuple(parts))
+            self._items, self._links, self._source = items, links, source
+        return self._items
 
 
 DEFAULT_TRANSPORT = "tcp"

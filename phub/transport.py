@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Tuple
 from . import wire
 from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
-_MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
+_MAX_PARTS = 64  # sendmsg takes a bounded iovec (IOV_MAX is 1024 on Linux)
 
 
 def tune(sock: socket.socket) -> None:
@@ -105,8 +105,9 @@ class Link:
         outq = self.outq
         sendmsg = self.sock.sendmsg
         while outq:
+            batch = outq if len(outq) <= _MAX_PARTS else list(itertools.islice(outq, _MAX_PARTS))
             try:
-                sent = sendmsg(outq if len(outq) <= _MAX_PARTS else list(itertools.islice(outq, _MAX_PARTS)))
+                sent = sendmsg(batch)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -114,7 +115,7 @@ class Link:
                 # readable, and reading it reports the loss, attributed to this link.
                 outq.clear()
                 return
-            _consume(outq, sent)
+            _consume(outq, sent, batch)
         if outq:
             self._want_write(True)
 
@@ -128,7 +129,7 @@ class Link:
                 return
             except OSError as exc:
                 raise LinkClosed(f"send failed: {exc}", True) from None
-            _consume(outq, sent)
+            _consume(outq, sent, parts)
         self._want_write(False)
 
     def service(self, mask: int) -> None:
@@ -255,8 +256,17 @@ class StagedLink(Link):
                 self._end += n
 
 
-def _consume(outq: "collections.deque", sent: int) -> None:
-    """Drop the `sent` bytes at the front of `outq` (a part sent in part leaves its tail)."""
+def _consume(outq: "collections.deque", sent: int, batch) -> None:
+    """Drop the `sent` bytes at the front of `outq`, whose first parts `batch` went to sendmsg (a
+    part sent in part leaves its tail)."""
+    if sent == sum(map(len, batch)):  # the common case, without a check per part
+        if batch is outq:
+            outq.clear()
+        else:
+            popleft = outq.popleft
+            for _ in range(len(batch)):
+                popleft()
+        return
     while outq:
         head = outq[0]
         size = len(head)

@@ -26,9 +26,9 @@ CHUNK_BYTES = 4096
 SIZES = (5000, 20000, 300)  # elements: several chunks, and short last chunks
 
 
-def ready_state(workers: int, core: int = 0) -> JobState:
+def ready_state(workers: int, core: int = 0, chunk_bytes: int = CHUNK_BYTES) -> JobState:
     kernels = for_owned_buffers(get_backend("fast"))  # as a server core has them
-    state = JobState(0, workers, Topology(interfaces=2, cores=2), CHUNK_BYTES, core, kernels)
+    state = JobState(0, workers, Topology(interfaces=2, cores=2), chunk_bytes, core, kernels)
     arrays = [[f"a{i}", n] for i, n in enumerate(SIZES)]
     for lane in sorted(state.lanes):
         for rank in range(workers):
@@ -117,10 +117,11 @@ class Recorder:
     """A link that keeps what it is asked to send, as bytes."""
 
     def __init__(self):
-        self.sent = []
+        self.sent = bytearray()  # a stream: how the bytes are cut into parts is the sender's choice
 
     def send(self, *parts):
-        self.sent.extend(bytes(p) for p in parts)
+        for part in parts:
+            self.sent += part
 
 
 OPTIMIZERS = {
@@ -134,11 +135,13 @@ OPTIMIZERS = {
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
-def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer):
+@pytest.mark.parametrize("chunk_bytes", [1024, 4 * CHUNK_BYTES], ids=["copied results", "mixed"])
+def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer, chunk_bytes):
     """Weights, momentum, round bookkeeping and the RESULT frames sent, byte for byte; the first
     round of a chunk (momentum not yet allocated) and an optimizer the loop does not run are
-    handed back, and the Python path finishes those."""
-    python, fast = ready_state(workers), ready_state(workers)
+    handed back, and the Python path finishes those. Chunks of up to 2 KB go out as copies, larger
+    ones from the weights: with 16 KB chunks the keys' short last chunks mix the two."""
+    python, fast = ready_state(workers, chunk_bytes=chunk_bytes), ready_state(workers, chunk_bytes=chunk_bytes)
     lane = min(fast.lanes)
     for state in (python, fast):
         state.set_optimizer(lane, optimizer)

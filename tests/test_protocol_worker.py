@@ -132,16 +132,21 @@ def test_an_error_frame_is_raised_with_its_message_and_fail_wakes_every_waiter()
     assert isinstance(ServerReportedError("x"), JobFailed) and not isinstance(ServerReportedError("x"), ProtocolError)
 
 
-def test_a_keys_pushes_are_its_chunks_frames_per_lane_in_order_with_each_pushpulls_iteration():
-    """The TCP path lays a key's headers out once and rewrites only their iteration: every
-    pushpull must still send exactly pack_header + the chunk's bytes, in chunk order per lane."""
+@pytest.mark.parametrize("memory", ["new", "the same"])
+def test_a_keys_pushes_are_its_chunks_frames_per_lane_in_order_with_each_pushpulls_iteration(memory):
+    """The TCP path lays a key's headers out once and rewrites only their iteration, and keeps
+    its items while the gradient comes from the same memory: every pushpull must still send
+    exactly pack_header + the chunk's bytes as they are now, in chunk order per lane."""
     plan = ChunkPlan(Topology(interfaces=3, cores=1), CHUNK_BYTES)
     plan.add_arrays([("w", (1500,)), ("b", (10,))])
     path, links = TcpWorkerPath(7, 1), ["link0", "link1", "link2"]
     for key in ("w", "b"):
         chunks = plan.key_chunks(key)
-        for iteration in (1, 2, 70000):
-            grad = np.arange(plan.key_size(key), dtype=np.float32) * np.float32(iteration)
+        grad = np.empty(plan.key_size(key), dtype=np.float32)
+        for iteration in (1, 2, 70000, 70001):
+            if memory == "new":
+                grad = np.empty(plan.key_size(key), dtype=np.float32)
+            grad[:] = np.arange(plan.key_size(key), dtype=np.float32) * np.float32(iteration)
             data = memoryview(grad).cast("B")
             sent = {link: [bytes(part) for part in parts] for link, *parts in path.pushes(links, chunks, iteration, data)}
             want = {}

@@ -1,5 +1,6 @@
 """Tests for phub.transport: Links move frames in order, zero-copy into their targets, whether
 sends are batched through an outbox (and cut short by a full socket buffer) or sent at once."""
+import collections
 import selectors
 import socket
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from phub.errors import ProtocolError
-from phub.transport import Link, flush_links
+from phub.transport import Link, _consume, flush_links
 from phub.wire import Kind, pack_header
 
 CHUNK_BYTES = 32768
@@ -61,3 +62,14 @@ def test_frames_arrive_in_order_and_in_place(batched):
     finally:
         sender.close()
         receiver.close()
+
+
+@pytest.mark.parametrize("batch_is", ["the whole queue", "its first parts"])
+def test_what_a_send_took_leaves_the_queue_and_a_part_cut_short_leaves_its_tail(batch_is):
+    parts = [b"header", memoryview(bytearray(b"payload-one")), b"h2", bytearray(b"payload-two")]
+    for sent in range(sum(map(len, parts)) + 1):
+        outq = collections.deque(parts)
+        batch = outq if batch_is == "the whole queue" else parts[:3]
+        taken = min(sent, sum(map(len, batch)))
+        _consume(outq, taken, batch)
+        assert b"".join(bytes(p) for p in outq) == b"".join(bytes(p) for p in parts)[taken:]
