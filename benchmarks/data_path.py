@@ -46,7 +46,8 @@ own processes spend `sockets_s` moving the same bytes, and the fused pass over t
 exchange's chunk size takes `kernel_s` (what `kernel_bound_chunks_per_s` measures, times the
 chunks of one exchange). What is left (`left_s`, and `left_us_per_frame` over the exchange's
 pushes and results) is all a server and its workers may spend on everything else: framing,
-bookkeeping, keeping each round's first copies until the last arrives. `phub_cpu_s` is what
+keeping each round's first copies until the last arrives (`hold_s`: that copy alone, from a
+read buffer into the slots, chunk by chunk, at most). `phub_cpu_s` is what
 phub's exchange spent in all (its processes' share of the cores busy, times the exchange's
 time) and `phub_beyond_us_per_frame` its part beyond sockets and pass, per frame.
 
@@ -71,6 +72,7 @@ from experiments.models import chunks_per_worker, load_model
 from experiments.runner import Options, run_exchanges
 from phub.fileio import write_json
 from phub.kernels import for_owned_buffers, get_backend
+from phub.transport import STAGING_BYTES
 
 ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
 TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)
@@ -290,14 +292,39 @@ def core_rate(chunk_bytes: int, chunks: int, workers: int) -> dict:
     return {"cpu": pushes / cpu if cpu > 0 else None, "wall": pushes / wall}
 
 
-def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, frames: int, phub_cpu_s) -> dict:
+def hold_seconds(chunk_bytes: int, model_bytes: int, workers: int) -> float:
+    """Keeping a round's earlier copies until its last arrives, as a server core does: every
+    worker's copy but one, chunk by chunk, from a read buffer (hot) into its slot (a slot per
+    worker and chunk: the model's size per worker). The Python call per chunk is counted too,
+    so this is an upper bound of the copies alone."""
+    staging = np.ones(STAGING_BYTES // 4, np.float32)
+    step, n = chunk_bytes // 4, model_bytes // 4
+    slots = [np.zeros(n, np.float32) for _ in range(workers - 1)]
+    pairs = [(slot[lo:lo + step], staging[lo % len(staging):lo % len(staging) + step])
+             for slot in slots for lo in range(0, n - step + 1, step) if lo % len(staging) + step <= len(staging)]
+
+    def one_pass() -> None:
+        for slot, read in pairs:
+            np.copyto(slot, read)
+
+    one_pass()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * (workers - 1) * (n // step) / max(1, len(pairs))
+
+
+def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, hold_s: float, frames: int, phub_cpu_s) -> dict:
     """The CPU an exchange at the goal may spend (`cpu_s`), less what moving its bytes and the
-    fused pass take, per frame; and phub's own spend beyond those two (see the module docstring)."""
+    fused pass take, per frame, and what holding the first copies would take of that; and
+    phub's own spend beyond sockets and pass (see the module docstring)."""
     left = cpu_s - sockets_s - kernel_s
     beyond = None if phub_cpu_s is None else phub_cpu_s - sockets_s - kernel_s
     return {"cpu_s": round(cpu_s, 5), "sockets_s": round(sockets_s, 5), "kernel_s": round(kernel_s, 5),
             "left_s": round(left, 5), "frames": frames, "left_us_per_frame": round(left / frames * 1e6, 2),
-            "phub_cpu_s": None if phub_cpu_s is None else round(phub_cpu_s, 5),
+            "hold_s": round(hold_s, 5), "phub_cpu_s": None if phub_cpu_s is None else round(phub_cpu_s, 5),
             "phub_beyond_us_per_frame": None if beyond is None else round(beyond / frames * 1e6, 2)}
 
 
@@ -384,6 +411,7 @@ def main() -> int:
     exchange_chunks = chunks_per_worker(load_model(args.model), exchange_chunk)
     budget = cpu_budget(cpu_s=tcp_s / GOAL_RATIO * cores_busy, sockets_s=median(tcp_cpu),
                         kernel_s=kernel_seconds_per_round(exchange_chunk, model_bytes, args.workers) * exchange_chunks,
+                        hold_s=hold_seconds(exchange_chunk, model_bytes, args.workers),
                         frames=2 * args.workers * exchange_chunks, phub_cpu_s=median(phub_cpu) if phub_cpu else None)
     summary = {
         "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,
@@ -409,8 +437,9 @@ def main() -> int:
           f"fused pass, nothing else) reaches {summary['ideal_server_ratio_over_tcp_bound']}")
     print(f"  at {GOAL_RATIO} of raw TCP an exchange may use {budget['cpu_s'] * 1e3:.0f} ms of CPU: raw TCP's sockets "
           f"take {budget['sockets_s'] * 1e3:.0f}, the fused pass {budget['kernel_s'] * 1e3:.0f}, leaving "
-          f"{budget['left_us_per_frame']} us for each of the {budget['frames']} frames; phub spends "
-          f"{budget['phub_beyond_us_per_frame']} us per frame beyond sockets and pass")
+          f"{budget['left_s'] * 1e3:.1f} ({budget['left_us_per_frame']} us for each of the {budget['frames']} frames), "
+          f"of which copying each round's first copies into their slots would take {budget['hold_s'] * 1e3:.1f}; "
+          f"phub spends {budget['phub_beyond_us_per_frame']} us per frame beyond sockets and pass")
     print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
     for size in sizes:
         c = per_chunk[str(size)]
