@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Tuple
 from . import wire
 from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
-_MAX_PARTS = 64  # sendmsg takes a bounded iovec (IOV_MAX is 1024 on Linux)
+_MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
 
 
 def tune(sock: socket.socket) -> None:
