@@ -70,8 +70,9 @@ class TcpServerPath:
 
     def send_result_frames(self, frames_by_lane: dict, links_by_lane: dict) -> None:
         """Send the RESULT frames the C loop built for the rounds it finished (lane -> the frames'
-        headers and payloads, in order): what `send_result` sends, many rounds per call. Only a
-        path whose `frames_carry_pushes` gets them: there results are frames too."""
+        parts, in order: a header and its payload, or a buffer of whole small frames): what
+        `send_result` sends, many rounds per call. Only a path whose `frames_carry_pushes` gets
+        them: there results are frames too."""
         for lane, parts in frames_by_lane.items():
             for link in links_by_lane[lane]:
                 link.send(*parts)

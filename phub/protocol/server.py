@@ -246,7 +246,7 @@ class CoreProtocol:
             # A round's `last` may be a view of `staging`: every completed round is finished here,
             # before the link reads into the buffer again.
             if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
-                results: dict = {}  # lane -> RESULT headers and payloads of the rounds the C loop finished
+                results: dict = {}  # lane -> the RESULT frames' parts of the rounds the C loop finished
                 rest = finish_rounds(completed, job.spec.job_id, state.loop_optimizers, results)
                 job.data.send_result_frames(results, job.links)
                 finish, send = state.finish_round, self._send_result
