@@ -432,13 +432,13 @@ def main() -> int:
     }
     print(f"\n{args.model}, {args.workers} workers, phub on {args.cores} server core(s), medians of {args.repeats} repeats:")
     print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s, phub {summary['phub_gbps']} Gbit/s: "
-          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= 0.8); raw TCP keeps "
+          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= {GOAL_RATIO}); raw TCP keeps "
           f"{summary['tcp_cores_busy']} of {os.cpu_count()} cores busy; an ideal server (sockets and the "
           f"fused pass, nothing else) reaches {summary['ideal_server_ratio_over_tcp_bound']}")
     print(f"  at {GOAL_RATIO} of raw TCP an exchange may use {budget['cpu_s'] * 1e3:.0f} ms of CPU: raw TCP's sockets "
           f"take {budget['sockets_s'] * 1e3:.0f}, the fused pass {budget['kernel_s'] * 1e3:.0f}, leaving "
-          f"{budget['left_s'] * 1e3:.1f} ({budget['left_us_per_frame']} us for each of the {budget['frames']} frames), "
-          f"of which copying each round's first copies into their slots would take {budget['hold_s'] * 1e3:.1f}; "
+          f"{budget['left_s'] * 1e3:.1f} ms ({budget['left_us_per_frame']} us for each of the {budget['frames']} "
+          f"frames); copying each round's first copies into their slots alone takes {budget['hold_s'] * 1e3:.1f} ms; "
           f"phub spends {budget['phub_beyond_us_per_frame']} us per frame beyond sockets and pass")
     print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
     for size in sizes:
