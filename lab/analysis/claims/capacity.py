@@ -100,7 +100,8 @@ def pbox_workers(calibration: pd.DataFrame, model: str, ref: Dict[str, Table]) -
     sizes = calibration["chunk_bytes"].dropna().unique()
     size = int(min(sizes, key=lambda b: abs(math.log(b / 32768)))) if len(sizes) else 32768
     rows = calibration[calibration["chunk_bytes"] == size] if len(sizes) else calibration
-    rate, gbit = rows["chunks_per_s_per_core"].median(), rows["gbit_per_s_per_core"].median()
+    # dropna first: a column with no values (a run without that figure) is NaN, not a numpy warning
+    rate, gbit = rows["chunks_per_s_per_core"].dropna().median(), rows["gbit_per_s_per_core"].dropna().median()
     profile = compute_profile(model)
     seconds = profile.seconds_per_iteration
     models = ref["models"].data.set_index("model")
