@@ -205,6 +205,17 @@ def fused_pass(kernels, workers: int):
     return update
 
 
+def _median_seconds(one_pass) -> float:
+    """The median of 5 timed calls of `one_pass`, after one untimed (first touch of its memory)."""
+    one_pass()
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 # -- one server core -------------------------------------------------------------------------
 def kernel_seconds_per_round(chunk_bytes: int, model_bytes: int, workers: int) -> float:
     """The aggregate+NAG pass alone (`fused_pass`), chunk by chunk over a `model_bytes` working
@@ -225,13 +236,7 @@ def kernel_seconds_per_round(chunk_bytes: int, model_bytes: int, workers: int) -
         for w, m, a, chunk_copies in views:
             update(w, m, a, chunk_copies)
 
-    one_pass()
-    times = []
-    for _ in range(5):
-        started = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) / (n // step)
+    return _median_seconds(one_pass) / (n // step)
 
 
 def _cpu_seconds(pids) -> float:
@@ -307,13 +312,7 @@ def hold_seconds(chunk_bytes: int, model_bytes: int, workers: int) -> float:
         for slot, read in pairs:
             np.copyto(slot, read)
 
-    one_pass()
-    times = []
-    for _ in range(5):
-        started = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * (workers - 1) * (n // step) / max(1, len(pairs))
+    return _median_seconds(one_pass) * (workers - 1) * (n // step) / max(1, len(pairs))
 
 
 def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, hold_s: float, frames: int, phub_cpu_s) -> dict:
@@ -346,7 +345,8 @@ def main() -> int:
     sizes = [int(s) for s in args.chunk_sizes.split(",") if s]
 
     started = time.perf_counter()
-    model_bytes = load_model(args.model).bytes
+    model = load_model(args.model)
+    model_bytes = model.bytes
     rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {"phub": [], "pslite-central": []}
     phub_cpu, exchange_chunk = [], None
     ideal, ideal_cpu, ideal_receiver_cpu = [], [], []
@@ -408,7 +408,7 @@ def main() -> int:
         }
     ideal_s = median(ideal)
     cores_busy = median(tcp_cpu) / tcp_s
-    exchange_chunks = chunks_per_worker(load_model(args.model), exchange_chunk)
+    exchange_chunks = chunks_per_worker(model, exchange_chunk)
     budget = cpu_budget(cpu_s=tcp_s / GOAL_RATIO * cores_busy, sockets_s=median(tcp_cpu),
                         kernel_s=kernel_seconds_per_round(exchange_chunk, model_bytes, args.workers) * exchange_chunks,
                         hold_s=hold_seconds(exchange_chunk, model_bytes, args.workers),
