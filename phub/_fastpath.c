@@ -24,6 +24,8 @@
  *
  * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
  * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
+ * `recv_results` (_fastpath_direct.h) does the same reading the connection itself, each payload
+ * straight into its array, for large chunks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -361,11 +363,13 @@ done:
 }
 
 #include "_fastpath_rounds.h"
+#include "_fastpath_direct.h"
 
 static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
     {"finish_rounds", fp_finish_rounds, METH_VARARGS, finish_rounds_doc},
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
+    {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -389,5 +393,10 @@ PyInit__fastpath(void)
             return NULL;
         }
     }
-    return PyModule_Create(&fp_module);
+    PyObject *module = PyModule_Create(&fp_module);
+    if (module == NULL || PyModule_AddIntConstant(module, "CURSOR_BYTES", CURSOR_BYTES) < 0) {
+        Py_XDECREF(module);
+        return NULL;
+    }
+    return module;
 }

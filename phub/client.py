@@ -34,12 +34,13 @@ from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from .handle import Handle
 from .optim import Optimizer
-from .transport import Link, StagedLink, connect as tcp_connect, parse_addresses, recv_control, staging_capacity
+from .transport import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
+                        recv_control, staging_capacity)
 
 try:
-    from ._fastpath import drain_results
+    from ._fastpath import drain_results, recv_results
 except ImportError:  # not built: every frame takes the Python path
-    drain_results = None
+    drain_results = recv_results = None
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -136,6 +137,10 @@ class Client(ClientLoop, SideChannels):
         on_frame = lambda link, frame: self._on_frame(lane, link, frame)  # noqa: E731
         if drain_results is None or not self._data.frames_carry_results:
             return Link(sock, self._selector, target, on_frame, self._outbox)
+        if self.plan.chunk_bytes >= DIRECT_MIN_BYTES:
+            read = lambda link, fd, cursor: recv_results(  # noqa: E731
+                fd, cursor, self.job_id, lane, protocol.chunk_table, protocol.expect)
+            return DirectLink(sock, self._selector, target, on_frame, self._outbox, read)
         fast = lambda link, staging, start, end: drain_results(  # noqa: E731
             staging, start, end, self.job_id, lane, protocol.chunk_table, protocol.expect)
         return StagedLink(sock, self._selector, target, on_frame, self._outbox, fast,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import mmap
 import selectors
 import socket
 import time
@@ -21,6 +22,7 @@ from . import wire
 from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
+_DRAINED = object()  # what Link._read returns when the socket has nothing more for now
 
 
 def tune(sock: socket.socket) -> None:
@@ -61,9 +63,7 @@ class Link:
         """Receive everything the socket has; raises LinkClosed on EOF or error, ProtocolError on bad input."""
         if self.closed:  # dropped while handling another link's event of the same round
             return
-        receiver = self.receiver
-        on_frame = self.on_frame
-        recvmsg_into = self.sock.recvmsg_into
+        receiver, on_frame = self.receiver, self.on_frame
         frame = receiver.received(0)  # what a pass cut short by an exception left (normally nothing)
         while True:
             while frame is not None:
@@ -71,15 +71,23 @@ class Link:
                 if self.closed:  # the handler dropped this link
                     return
                 frame = receiver.received(0)
-            try:
-                n = recvmsg_into(receiver.buffers())[0]
-            except (BlockingIOError, InterruptedError):
+            frame = self._read()
+            if frame is _DRAINED:
                 return
-            except OSError as exc:
-                raise LinkClosed(f"connection error: {exc}", not receiver.idle) from None
-            if n == 0:
-                raise LinkClosed("connection closed by peer", not receiver.idle)
-            frame = receiver.received(n)
+
+    def _read(self):
+        """One read: the frame it completed, None (none yet, read on) or _DRAINED (the socket has
+        nothing more now, or the link was dropped). Raises LinkClosed as `on_readable` does."""
+        receiver = self.receiver
+        try:
+            n = self.sock.recvmsg_into(receiver.buffers())[0]
+        except (BlockingIOError, InterruptedError):
+            return _DRAINED
+        except OSError as exc:
+            raise LinkClosed(f"connection error: {exc}", not receiver.idle) from None
+        if n == 0:
+            raise LinkClosed("connection closed by peer", not receiver.idle)
+        return receiver.received(n)
 
     def send(self, *parts) -> None:
         """Queue `parts` (bytes or byte memoryviews) for sending. The parts must stay unchanged
@@ -186,7 +194,7 @@ class Link:
 # How a staged link hands the bytes it read to a C loop (phub/_fastpath.c): (link, staging, start,
 # end) -> (offset of the first byte not consumed, whether a frame for the Python path starts there).
 FastFrames = Callable[["Link", memoryview, int, int], Tuple[int, bool]]
-STAGING_BYTES = 256 * 1024  # a staged link's read size, unless chunks are larger
+STAGING_BYTES = 1024 * 1024  # a staged link's read size, unless chunks are larger (see the README)
 
 
 def staging_capacity(chunk_bytes: int) -> int:
@@ -208,52 +216,98 @@ class StagedLink(Link):
     def __init__(self, sock, selector, payload_target, on_frame, outbox, fast_frames: FastFrames, capacity: int):
         super().__init__(sock, selector, payload_target, on_frame, outbox)
         self._fast_frames = fast_frames
-        self._staging = memoryview(bytearray(capacity))
+        # Anonymous memory: its pages are taken only as reads fill them, so a connection that
+        # sends only control frames (a stranger, say) costs a page, not `capacity` bytes.
+        self._staging = memoryview(mmap.mmap(-1, capacity))
         self._start = self._end = 0  # staging[start:end] holds bytes read but not yet consumed
 
-    def on_readable(self) -> None:
-        if self.closed:
-            return
-        receiver, on_frame, staging = self.receiver, self.on_frame, self._staging
-        frame = receiver.received(0)
-        while True:
-            while frame is not None:
-                on_frame(self, frame)
+    def _read(self):
+        receiver, staging = self.receiver, self._staging
+        if self._start < self._end:
+            at_frame = not receiver.idle
+            if not at_frame:
+                self._start, at_frame = self._fast_frames(self, staging, self._start, self._end)
                 if self.closed:
-                    return
-                frame = receiver.received(0)
-            if self._start < self._end:
-                at_frame = not receiver.idle
-                if not at_frame:
-                    self._start, at_frame = self._fast_frames(self, staging, self._start, self._end)
-                    if self.closed:
-                        return
-                if at_frame:  # feed the Python path: a copy, for the frames the C loop does not take
-                    buffer = receiver.buffer()
-                    n = min(len(buffer), self._end - self._start)
-                    buffer[:n] = staging[self._start:self._start + n]
-                    self._start += n
-                    frame = receiver.received(n)
-                    continue
-            if self._start == self._end:
-                self._start = self._end = 0
-            elif self._end == len(staging):  # an incomplete frame at the end: move it to the front
-                rest = self._end - self._start
-                staging[:rest] = staging[self._start:self._end]
-                self._start, self._end = 0, rest
-            direct = not receiver.idle and self._start == self._end
-            try:
-                n = self.sock.recv_into(receiver.buffer() if direct else staging[self._end:])
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                raise LinkClosed(f"connection error: {exc}", not receiver.idle or self._start < self._end) from None
-            if n == 0:
-                raise LinkClosed("connection closed by peer", not receiver.idle or self._start < self._end)
-            if direct:
-                frame = receiver.received(n)
-            else:
-                self._end += n
+                    return _DRAINED
+            if at_frame:  # feed the Python path: a copy, for the frames the C loop does not take
+                buffer = receiver.buffer()
+                n = min(len(buffer), self._end - self._start)
+                buffer[:n] = staging[self._start:self._start + n]
+                self._start += n
+                return receiver.received(n)
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(staging):  # an incomplete frame at the end: move it to the front
+            rest = self._end - self._start
+            staging[:rest] = staging[self._start:self._end]
+            self._start, self._end = 0, rest
+        direct = not receiver.idle and self._start == self._end
+        try:
+            n = self.sock.recv_into(receiver.buffer() if direct else staging[self._end:])
+        except (BlockingIOError, InterruptedError):
+            return _DRAINED
+        except OSError as exc:
+            raise LinkClosed(f"connection error: {exc}", not receiver.idle or self._start < self._end) from None
+        if n == 0:
+            raise LinkClosed("connection closed by peer", not receiver.idle or self._start < self._end)
+        if direct:
+            return receiver.received(n)
+        self._end += n
+        return None
+
+
+# How a direct link's C reader (phub/_fastpath_direct.h: a worker's results) reads: (link, fd,
+# cursor) -> one of these codes.
+READ_WOULD_BLOCK, READ_FOREIGN, READ_CLOSED, READ_STALE = range(4)
+DirectFrames = Callable[["Link", int, bytearray], int]
+try:
+    from ._fastpath import CURSOR_BYTES  # a reader's position in a link (see DirectLink)
+except ImportError:  # not built: no C readers, no direct links
+    CURSOR_BYTES = 0
+# The smallest chunk a worker's direct link pays off for: below it, the system call per frame
+# costs more than the staged link's copy (measured, see the README's data path section).
+DIRECT_MIN_BYTES = 16 * 1024
+
+
+class DirectLink(Link):
+    """A connection whose data frames a C reader (`read_frames`: a worker's results) reads
+    itself, each payload straight into its place (the caller's array) together with the next
+    frame's header: one system call per frame, no copy in user space. Every frame the reader does
+    not take is read and handled here exactly as on a plain `Link`, from its header on (which
+    the reader leaves in the cursor)."""
+
+    def __init__(self, sock, selector, payload_target, on_frame, outbox, read_frames: DirectFrames):
+        super().__init__(sock, selector, payload_target, on_frame, outbox)
+        self._read_frames = read_frames
+        self._cursor = bytearray(CURSOR_BYTES)  # header_got, payload_got (u32 each), header, next header
+
+    def _midframe(self) -> bool:
+        return not self.receiver.idle or any(self._cursor[:8])
+
+    def _read(self):
+        receiver, cursor = self.receiver, self._cursor
+        try:
+            if not receiver.idle:  # a frame the reader handed over: read its rest, and no further
+                n = self.sock.recv_into(receiver.buffer())
+                if n == 0:
+                    raise LinkClosed("connection closed by peer", True)
+                return receiver.received(n)
+            status = self._read_frames(self, self.sock.fileno(), cursor)
+        except (BlockingIOError, InterruptedError):
+            return _DRAINED
+        except OSError as exc:
+            raise LinkClosed(f"connection error: {exc}", self._midframe()) from None
+        if self.closed or status == READ_WOULD_BLOCK:
+            return _DRAINED
+        if status == READ_CLOSED:
+            raise LinkClosed("connection closed by peer", self._midframe())
+        header = cursor[8:8 + wire.HEADER_BYTES]
+        if status == READ_STALE:
+            stale = wire.decode_header(header)
+            raise ProtocolError(f"{stale.kind.name} frame for chunk {stale.chunk} stopped being expected while it "
+                                "was read")
+        receiver.buffer()[:wire.HEADER_BYTES] = header  # READ_FOREIGN: the frame is Python's
+        return receiver.received(wire.HEADER_BYTES)
 
 
 def _consume(outq: "collections.deque", sent: int, batch) -> None:
