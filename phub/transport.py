@@ -7,6 +7,9 @@ System calls are the cost that matters here (a 32 KB chunk is one frame), so a l
 payload together with the next frame's header (`recvmsg_into`, one call per frame) and sends in
 batches: parts queued while the loop handles one round of events go out in one `sendmsg` per
 link at the end of that round (`flush_links`), or as soon as a batch of `_MAX_PARTS` is full.
+Two subclasses hand the data frames to the C loops of phub/_fastpath.c: a `StagedLink` reads
+many frames per system call into a staging buffer, and a `DirectLink` lets a C reader read each
+frame straight into its place (a worker's large results). The three differ only in `_read`.
 """
 from __future__ import annotations
 
