@@ -282,6 +282,45 @@ done:
     return result;
 }
 
+/* Whether the header at h is a RESULT of `job` for a chunk of `lane` with the plan's length
+ * (`rows`: the int32 [lane, payload bytes] table of `chunks` chunks): the checks drain_results
+ * and recv_results make before they look the result up. */
+static inline int
+result_for_lane(const unsigned char *h, uint32_t job, int lane, const int32_t *rows, Py_ssize_t chunks)
+{
+    uint32_t chunk = le32(h + 16), length = le32(h + 24);
+    return frame_from(h, KIND_RESULT, job, SERVER_SENDER) && chunk < (uint32_t)chunks && rows[2 * chunk] == lane &&
+           (uint32_t)rows[2 * chunk + 1] == length;
+}
+
+/* The client's `expect` entry (chunk id -> (destination bytes, iteration, handle)) awaiting the
+ * RESULT of chunk `key` after `iteration` rounds, as a new reference; NULL when none does (with
+ * an exception set only when the lookup itself failed). */
+static PyObject *
+expected_result(PyObject *expect, PyObject *key, uint32_t iteration)
+{
+    PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
+        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1)) != (long long)iteration) {
+        return NULL;
+    }
+    Py_INCREF(entry);
+    return entry;
+}
+
+/* A result is in its destination: drop its `expect` entry and count it in for its handle (what
+ * Client._on_frame does). 0, or -1 with an exception set. */
+static int
+result_landed(PyObject *expect, PyObject *key, PyObject *entry)
+{
+    if (PyDict_DelItem(expect, key) < 0) {
+        return -1;
+    }
+    PyObject *called = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(entry, 2), s_arrived_method);
+    Py_XDECREF(called);
+    return called == NULL ? -1 : 0;
+}
+
 PyDoc_STRVAR(drain_results_doc,
 "drain_results(staging, start, end, job, lane, table, expect)\n--\n\n"
 "The worker's side: copy the complete RESULT frames in staging[start:end] that the client\n"
@@ -314,8 +353,7 @@ fp_drain_results(PyObject *self, PyObject *args)
     while (end - start >= HEADER_BYTES) {
         const unsigned char *h = base + start;
         uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
-        if (!frame_from(h, KIND_RESULT, job, SERVER_SENDER) || chunk >= (uint32_t)chunks || rows[2 * chunk] != lane ||
-            (uint32_t)rows[2 * chunk + 1] != length) {
+        if (!result_for_lane(h, job, lane, rows, chunks)) {
             stopped_at_frame = 1;
             break;
         }
@@ -326,9 +364,8 @@ fp_drain_results(PyObject *self, PyObject *args)
         if (key == NULL) {
             goto done;
         }
-        PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
-        if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
-            PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1)) != (long long)iteration) {
+        PyObject *entry = expected_result(expect, key, iteration);
+        if (entry == NULL) {
             Py_DECREF(key);
             if (PyErr_Occurred()) {
                 goto done;
@@ -336,23 +373,18 @@ fp_drain_results(PyObject *self, PyObject *args)
             stopped_at_frame = 1; /* unexpected: the Python path names it */
             break;
         }
-        Py_INCREF(entry);
         Py_buffer dest;
-        if (get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest) < 0) {
-            Py_DECREF(entry);
-            Py_DECREF(key);
-            goto done;
+        int status = get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest);
+        if (status == 0) {
+            memcpy(dest.buf, h + HEADER_BYTES, length);
+            PyBuffer_Release(&dest);
+            status = result_landed(expect, key, entry);
         }
-        memcpy(dest.buf, h + HEADER_BYTES, length);
-        PyBuffer_Release(&dest);
-        int status = PyDict_DelItem(expect, key);
-        Py_DECREF(key);
-        PyObject *called = status < 0 ? NULL : PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(entry, 2), s_arrived_method);
         Py_DECREF(entry);
-        if (called == NULL) {
+        Py_DECREF(key);
+        if (status < 0) {
             goto done;
         }
-        Py_DECREF(called);
         start += HEADER_BYTES + (Py_ssize_t)length;
     }
     result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);

@@ -155,8 +155,7 @@ fp_recv_results(PyObject *self, PyObject *args)
         }
         const unsigned char *h = c->header;
         uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
-        if (!frame_from(h, KIND_RESULT, job, SERVER_SENDER) || chunk >= (uint32_t)chunks || rows[2 * chunk] != lane ||
-            (uint32_t)rows[2 * chunk + 1] != length) {
+        if (!result_for_lane(h, job, lane, rows, chunks)) {
             code = hand_over(c);
             break;
         }
@@ -165,35 +164,25 @@ fp_recv_results(PyObject *self, PyObject *args)
             code = -2;
             break;
         }
-        PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
-        if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
-            PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1)) != (long long)iteration) {
+        PyObject *entry = expected_result(expect, key, iteration);
+        if (entry == NULL) {
             Py_DECREF(key);
             code = PyErr_Occurred() ? -2 : hand_over(c); /* unexpected: the Python path names it */
             break;
         }
-        Py_INCREF(entry);
         Py_buffer dest;
         Py_ssize_t n = -2;
         if (get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest) == 0) {
             n = read_some(fd, c, (char *)dest.buf, length);
             PyBuffer_Release(&dest);
         }
-        PyObject *called = Py_None;
-        if (n > 0 && payload_read(c, n, length)) {
-            called = PyDict_DelItem(expect, key) < 0 ? NULL
-                                                      : PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(entry, 2), s_arrived_method);
-        } else {
-            Py_INCREF(called);
-        }
+        int status = n > 0 && payload_read(c, n, length) ? result_landed(expect, key, entry) : 0;
         Py_DECREF(entry);
         Py_DECREF(key);
-        if (n <= 0 || called == NULL) {
-            Py_XDECREF(called);
+        if (n <= 0 || status < 0) {
             code = n == 0 ? READ_CLOSED : n == -1 ? READ_WOULD_BLOCK : -2;
             break;
         }
-        Py_DECREF(called);
     }
 done:
     PyBuffer_Release(&cursor_view);

@@ -263,6 +263,9 @@ class StagedLink(Link):
 # cursor) -> one of these codes.
 READ_WOULD_BLOCK, READ_FOREIGN, READ_CLOSED, READ_STALE = range(4)
 DirectFrames = Callable[["Link", int, bytearray], int]
+# The cursor's layout (read_cursor in phub/_fastpath_direct.h): header and payload bytes read so
+# far (u32 each), then the current frame's header, then room for the next one.
+_CURSOR_PROGRESS, _CURSOR_HEADER = slice(0, 8), slice(8, 8 + wire.HEADER_BYTES)
 try:
     from ._fastpath import CURSOR_BYTES  # a reader's position in a link (see DirectLink)
 except ImportError:  # not built: no C readers, no direct links
@@ -282,10 +285,10 @@ class DirectLink(Link):
     def __init__(self, sock, selector, payload_target, on_frame, outbox, read_frames: DirectFrames):
         super().__init__(sock, selector, payload_target, on_frame, outbox)
         self._read_frames = read_frames
-        self._cursor = bytearray(CURSOR_BYTES)  # header_got, payload_got (u32 each), header, next header
+        self._cursor = bytearray(CURSOR_BYTES)
 
     def _midframe(self) -> bool:
-        return not self.receiver.idle or any(self._cursor[:8])
+        return not self.receiver.idle or any(self._cursor[_CURSOR_PROGRESS])
 
     def _read(self):
         receiver, cursor = self.receiver, self._cursor
@@ -304,7 +307,7 @@ class DirectLink(Link):
             return _DRAINED
         if status == READ_CLOSED:
             raise LinkClosed("connection closed by peer", self._midframe())
-        header = cursor[8:8 + wire.HEADER_BYTES]
+        header = cursor[_CURSOR_HEADER]
         if status == READ_STALE:
             stale = wire.decode_header(header)
             raise ProtocolError(f"{stale.kind.name} frame for chunk {stale.chunk} stopped being expected while it "
