@@ -12,7 +12,10 @@ Three limits, each measured here rather than assumed:
   many cores as it can), large sends, no framing.
   `ratio_phub_over_tcp_bound` is phub's effective throughput (the same bytes: up and down, every
   worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes. phub's
-  server runs `--cores` processes (default 1).
+  server runs `--cores` processes, by default one per worker: the receiver's threads run on as
+  many cores, so that is the layout raw TCP is measured with (PHub, too, spreads its chunks over
+  all of a server's cores). With more than one, the same run also times phub on one server core
+  (`ratio_phub_one_core_over_tcp_bound`, `seconds.phub_one_core`), side by side.
 * **ps-lite** (`ratio_phub_over_pslite-central`): phub's time per exchange over MXNet's ps-lite
   with one server (it moves the same bytes as phub), same model, same run (below 1: phub faster).
 * **One server core** (`chunks_per_s_per_core`): a phub server with one core and two workers
@@ -327,19 +330,30 @@ def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, hold_s: float, f
             "phub_beyond_us_per_frame": None if beyond is None else round(beyond / frames * 1e6, 2)}
 
 
+def one_core(seconds, tcp_s: float, pslite_s: float) -> dict:
+    """The summary's figures of phub on one server core, when it ran beside the main layout."""
+    if not seconds:
+        return {}
+    one_core_s = statistics.median(seconds)
+    return {"ratio_phub_one_core_over_tcp_bound": round(tcp_s / one_core_s, 3),
+            "ratio_phub_one_core_over_pslite-central": round(one_core_s / pslite_s, 3)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=5, help="timed exchanges per block (model runs)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cores", type=int, default=1, help="phub server processes in the exchange")
+    parser.add_argument("--cores", type=int, help="phub server processes in the exchange (default: one per worker, "
+                        "as the raw TCP receiver runs a thread per worker)")
     parser.add_argument("--chunk-sizes", default="1024,4096,32768")
     parser.add_argument("--rate-chunks", type=int, default=4096, help="chunks of the chunk-rate runs' model")
     parser.add_argument("--out", help="also write the summary and every row to this JSON file")
     args = parser.parse_args()
     if args.workers < 2:
         parser.error("--workers must be at least 2 (a server core aggregates copies)")
+    args.cores = args.workers if args.cores is None else args.cores
     if args.cores < 1:
         parser.error("--cores must be at least 1")
     sizes = [int(s) for s in args.chunk_sizes.split(",") if s]
@@ -347,7 +361,10 @@ def main() -> int:
     started = time.perf_counter()
     model = load_model(args.model)
     model_bytes = model.bytes
-    rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {"phub": [], "pslite-central": []}
+    runs = {"phub": Options(cores=args.cores), "pslite-central": Options()}
+    if args.cores != 1:
+        runs["phub-one-core"] = Options(cores=1)
+    rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {name: [] for name in runs}
     phub_cpu, exchange_chunk = [], None
     ideal, ideal_cpu, ideal_receiver_cpu = [], [], []
     rates = {size: {"wall": [], "cpu": []} for size in sizes}
@@ -364,16 +381,16 @@ def main() -> int:
         ideal_receiver_cpu.append(best["echo_cpu"])
         print(f"repeat {repeat}: ideal server   {ideal[-1] * 1e3:8.1f} ms per exchange ({best['cpu'] * 1e3:.0f} ms "
               f"of CPU, {best['echo_cpu'] * 1e3:.0f} ms of it the server's)", file=sys.stderr, flush=True)
-        for system in exchange:
-            options = Options(cores=args.cores) if system == "phub" else Options()
+        for name, options in runs.items():
+            system = name.partition("-one-core")[0]
             row = run_exchanges(system, args.model, args.workers, args.iterations, 1, options=options, quiet=True)[0]
-            rows.append(dict(row, repeat=repeat))
-            exchange[system].append(row["seconds_per_iteration"])
-            if system == "phub":
+            rows.append(dict(row, repeat=repeat, run=name))
+            exchange[name].append(row["seconds_per_iteration"])
+            if name == "phub":
                 exchange_chunk = row["chunk_bytes"]
                 if row["bound"].get("cpu_busy") is not None:
                     phub_cpu.append(row["bound"]["cpu_busy"] * os.cpu_count() * row["seconds_per_iteration"])
-            print(f"repeat {repeat}: {system:14s} {exchange[system][-1] * 1e3:8.1f} ms per exchange",
+            print(f"repeat {repeat}: {name:14s} {exchange[name][-1] * 1e3:8.1f} ms per exchange",
                   file=sys.stderr, flush=True)
         for size in sizes:
             rate = core_rate(size, args.rate_chunks, args.workers)
@@ -426,7 +443,10 @@ def main() -> int:
         "ratio_phub_over_pslite-central": round(phub_s / pslite_s, 3),
         "budget_at_goal": budget,
         "seconds": {"tcp": round(tcp_s, 5), "ideal_server": round(ideal_s, 5), "phub": round(phub_s, 5),
-                    "pslite-central": round(pslite_s, 5)},
+                    "pslite-central": round(pslite_s, 5),
+                    **({"phub_one_core": round(median(exchange["phub-one-core"]), 5)} if "phub-one-core" in exchange
+                       else {})},
+        **one_core(exchange.get("phub-one-core"), tcp_s, pslite_s),
         "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
         "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
     }
@@ -441,6 +461,9 @@ def main() -> int:
           f"frames); copying each round's first copies into their slots alone takes {budget['hold_s'] * 1e3:.1f} ms; "
           f"phub spends {budget['phub_beyond_us_per_frame']} us per frame beyond sockets and pass")
     print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
+    if "ratio_phub_one_core_over_tcp_bound" in summary:
+        print(f"  phub on one server core: {summary['ratio_phub_one_core_over_tcp_bound']} of raw TCP, "
+              f"{summary['ratio_phub_one_core_over_pslite-central']} of ps-lite's time")
     for size in sizes:
         c = per_chunk[str(size)]
         print(f"  one core, {size:5d} B chunks: {per_core[str(size)]} per CPU s, kernel bound "
