@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where a phub exchange's CPU time goes, by process role and kind of code, beside raw TCP's.
 
-    python benchmarks/cpu_by_role.py [--model resnet50] [--workers 2] [--cores N] [--exchanges 100]
-        [--hz 1000] [--repeats 3] [--out FILE]
+    python benchmarks/cpu_by_role.py [--model resnet50] [--workers 2] [--cores N] [--chunk-bytes B]
+        [--exchanges 100] [--hz 1000] [--repeats 3] [--out FILE]
 
 Runs phub's loopback exchange (compute removed, as `data_path.py` does) under Linux `perf record`
 twice, `--exchanges` exchanges and a fifth of them, and divides the difference of every count
@@ -41,6 +41,7 @@ import tempfile
 
 from data_path import GOAL_RATIO, tcp_seconds_per_exchange
 from experiments.models import load_model
+from experiments.runner import Options
 from phub.fileio import write_json
 
 ROLES = ("server-core", "worker-io", "worker-main")
@@ -49,7 +50,7 @@ _SAMPLE = re.compile(r"\s*(\d+)/(\d+)\s+\S+\s+(.*?)\s+\((.*)\)\s*$")  # pid/tid 
 _EXCHANGE = ("import json, sys\n"
              "from experiments.runner import Options, run_exchanges\n"
              "row = run_exchanges('phub', sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 1,\n"
-             "                    options=Options(cores=int(sys.argv[4])), quiet=True)[0]\n"
+             "                    options=Options(cores=int(sys.argv[4]), chunk_bytes=int(sys.argv[5])), quiet=True)[0]\n"
              "print(json.dumps(row['seconds_per_iteration']))\n")
 
 
@@ -70,8 +71,8 @@ def kind_of(symbol: str, dso: str) -> str:
 
 def samples_by_role(lines) -> dict:
     """Counts {role: {kind: samples}} of `perf script -F pid,tid,ip,sym,dso` output. A process's
-    role comes from its threads: one busy thread, a server core; a busy second thread, a worker
-    (its main thread and its I/O thread). Processes with under 2% of the samples (the launcher,
+    role comes from its threads: one busy thread, a server core; a second thread with at least
+    5% of its samples, a worker (its main thread and its I/O thread, the busiest other one). Processes with under 2% of the samples (the launcher,
     the harness's parent) are left out."""
     per = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     for line in lines:
@@ -86,7 +87,7 @@ def samples_by_role(lines) -> dict:
         if sum(sizes.values()) < 0.02 * total:
             continue
         others = sorted((tid for tid in threads if tid != pid), key=sizes.get, reverse=True)
-        if others and sizes[others[0]] > 0.3 * sum(sizes.values()):
+        if others and sizes[others[0]] >= 0.05 * sum(sizes.values()):
             counts["worker-io"].update(threads[others[0]])
             counts["worker-main"].update(threads.get(pid, {}))
         else:
@@ -94,11 +95,12 @@ def samples_by_role(lines) -> dict:
     return counts
 
 
-def profile(model: str, workers: int, cores: int, exchanges: int, hz: int, folder: str):
+def profile(model: str, workers: int, cores: int, chunk_bytes: int, exchanges: int, hz: int, folder: str):
     """One run of `exchanges` exchanges under perf: (counts by role and kind, seconds per exchange)."""
     data = os.path.join(folder, f"perf-{exchanges}.data")
     run = subprocess.run(["perf", "record", "-q", "-F", str(hz), "-o", data, "--", sys.executable, "-c", _EXCHANGE,
-                          model, str(workers), str(exchanges), str(cores)], capture_output=True, text=True)
+                          model, str(workers), str(exchanges), str(cores), str(chunk_bytes)],
+                         capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"perf record failed (exit {run.returncode}): {run.stderr.strip()[-400:]}")
     seconds = json.loads(run.stdout.strip().splitlines()[-1])
@@ -114,6 +116,7 @@ def main() -> int:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cores", type=int, help="phub server processes (default: one per worker, as data_path.py)")
+    parser.add_argument("--chunk-bytes", type=int, default=Options().chunk_bytes, help="phub's chunk size")
     parser.add_argument("--exchanges", type=int, default=100, help="exchanges of the long run (the short: a fifth)")
     parser.add_argument("--hz", type=int, default=1000, help="perf's samples per second and CPU")
     parser.add_argument("--repeats", type=int, default=3, help="pairs of perf runs, and raw TCP runs (medians)")
@@ -138,8 +141,8 @@ def main() -> int:
     tables, seconds = [], []
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
-            few, _ = profile(args.model, args.workers, cores, short, args.hz, folder)
-            many, wall = profile(args.model, args.workers, cores, args.exchanges, args.hz, folder)
+            few, _ = profile(args.model, args.workers, cores, args.chunk_bytes, short, args.hz, folder)
+            many, wall = profile(args.model, args.workers, cores, args.chunk_bytes, args.exchanges, args.hz, folder)
             tables.append({(role, kind): (many[role][kind] - few[role][kind]) * per_exchange
                            for role in ROLES for kind in KINDS})
             seconds.append(wall)
@@ -152,12 +155,14 @@ def main() -> int:
     nbytes = load_model(args.model).bytes
     tcp_cpu = statistics.median(tcp_seconds_per_exchange(nbytes, args.workers)["cpu"] for _ in range(args.repeats))
     summary = {"benchmark": "cpu_by_role", "model": args.model, "workers": args.workers, "server_cores": cores,
+               "chunk_bytes": args.chunk_bytes,
                "exchanges": args.exchanges, "phub_seconds_per_exchange": round(seconds, 5),
                "ms_per_exchange": table, "ms_per_exchange_all": totals,
                "phub_cpu_ms": round(sum(totals.values()), 1), "raw_tcp_cpu_ms": round(tcp_cpu * 1e3, 1),
                "budget_at_goal_ms": round(tcp_cpu / GOAL_RATIO * 1e3, 1)}
 
-    print(f"\n{args.model}, {args.workers} workers, {cores} server core(s): ms of CPU per exchange "
+    print(f"\n{args.model}, {args.workers} workers, {cores} server core(s), {args.chunk_bytes}-byte chunks: "
+          f"ms of CPU per exchange "
           f"(perf, {args.exchanges} exchanges less {short}, medians of {args.repeats})")
     print(f"{'':14s}" + "".join(f"{kind:>9s}" for kind in KINDS) + f"{'all':>9s}")
     for role, row in [*table.items(), ("all", totals)]:

@@ -293,15 +293,19 @@ result_for_lane(const unsigned char *h, uint32_t job, int lane, const int32_t *r
            (uint32_t)rows[2 * chunk + 1] == length;
 }
 
-/* The client's `expect` entry (chunk id -> (destination bytes, iteration, handle)) awaiting the
- * RESULT of chunk `key` after `iteration` rounds, as a new reference; NULL when none does (with
- * an exception set only when the lookup itself failed). */
+/* The client's `expect` entry (chunk id -> (destination bytes, [iteration, handle]), see
+ * protocol/worker.py) awaiting the RESULT of chunk `key` after `iteration` rounds, as a new
+ * reference; NULL when none does (with an exception set only when the lookup itself failed). */
 static PyObject *
 expected_result(PyObject *expect, PyObject *key, uint32_t iteration)
 {
     PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
-    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
-        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1)) != (long long)iteration) {
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+        return NULL;
+    }
+    PyObject *awaited = PyTuple_GET_ITEM(entry, 1);
+    if (!PyList_Check(awaited) || PyList_GET_SIZE(awaited) != 2 ||
+        PyLong_AsLongLong(PyList_GET_ITEM(awaited, 0)) != (long long)iteration) {
         return NULL;
     }
     Py_INCREF(entry);
@@ -309,14 +313,15 @@ expected_result(PyObject *expect, PyObject *key, uint32_t iteration)
 }
 
 /* A result is in its destination: drop its `expect` entry and count it in for its handle (what
- * Client._on_frame does). 0, or -1 with an exception set. */
+ * WorkerProtocol.frame_received does). 0, or -1 with an exception set. */
 static int
 result_landed(PyObject *expect, PyObject *key, PyObject *entry)
 {
-    if (PyDict_DelItem(expect, key) < 0) {
-        return -1;
-    }
-    PyObject *called = PyObject_CallMethodNoArgs(PyTuple_GET_ITEM(entry, 2), s_arrived_method);
+    /* the handle's own reference: once it is done, the key's next pushpull may replace it */
+    PyObject *handle = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 1), 1);
+    Py_INCREF(handle);
+    PyObject *called = PyDict_DelItem(expect, key) < 0 ? NULL : PyObject_CallMethodNoArgs(handle, s_arrived_method);
+    Py_DECREF(handle);
     Py_XDECREF(called);
     return called == NULL ? -1 : 0;
 }
@@ -326,7 +331,7 @@ PyDoc_STRVAR(drain_results_doc,
 "The worker's side: copy the complete RESULT frames in staging[start:end] that the client\n"
 "expects on this lane into their destinations (what Client._payload_target + _on_frame do).\n"
 "`table` is the int32 (chunks, 2) array [lane, payload bytes]; `expect` the client's dict\n"
-"chunk id -> (destination bytes, iteration, handle): an entry is removed and its handle's\n"
+"chunk id -> (destination bytes, [iteration, handle]): an entry is removed and its handle's\n"
 "_arrived() called per result. Returns (offset, stopped_at_frame) as drain_pushes does.");
 
 static PyObject *

@@ -27,7 +27,7 @@ import numpy as np
 from . import exiting, wire
 from .chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
-from .protocol.worker import WorkerProtocol
+from .protocol.worker import WorkerProtocol, awaited_by
 from .datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
@@ -171,10 +171,11 @@ class Client(ClientLoop, SideChannels):
         flat = {key: arr.reshape(-1) for key, arr in arrays.items()}
         handle = Handle(self, len(new) + len(self._links), None, f"init of batch {batch}", [c.id for c in new])
         self._protocol.ready_waiters[batch] = handle
+        awaited = awaited_by(0, handle)
         for chunk in new:
             self._iterations.setdefault(chunk.key, 0)
             dest = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
-            self._protocol.expect[chunk.id] = (dest, 0, handle)
+            self._protocol.expect[chunk.id] = (dest, awaited)
         register = {"batch": batch, "arrays": [[k, int(a.size)] for k, a in arrays.items()]}
         lane_fields = self._data.register_batch(batch, len(self._links))
         frames = [(link, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, {**register, **fields}, batch))
@@ -216,7 +217,7 @@ class Client(ClientLoop, SideChannels):
         size = self.plan.key_size(key)
         grad_flat = as_float32("gradient", key, grad, size)
         out = grad if out is None else out
-        out_flat = as_float32("output", key, out, size)
+        as_float32("output", key, out, size)  # checked: the results land in it
         previous = self._inflight.get(key)
         if previous is not None and not previous.done():
             previous.wait()
@@ -225,9 +226,7 @@ class Client(ClientLoop, SideChannels):
         self._iterations[key] = iteration
         handle = Handle(self, len(chunks), out, f"pushpull of key {key!r} (iteration {iteration})",
                         [c.id for c in chunks])
-        out_bytes = memoryview(out_flat).cast("B")  # one byte view per array, sliced per chunk
-        self._protocol.expect.update([(cid, (out_bytes[start:end], iteration, handle))
-                                      for cid, start, end in self.plan.key_spans(key)])
+        self._protocol.expect_key(key, out, self.plan.key_spans(key), iteration, handle)
         self._inflight[key] = handle
         self._submit(self._data.pushes(self._links, chunks, iteration, memoryview(grad_flat).cast("B")))
         return handle

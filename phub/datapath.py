@@ -128,7 +128,7 @@ class TcpWorkerPath:
 
     def deliver(self, expect: dict) -> None:
         """Results that landed outside the links: copy each where `expect` (chunk id ->
-        (destination bytes, iteration, handle)) says, and count it in."""
+        (destination bytes, [iteration, handle])) says, and count it in."""
 
     def close(self) -> None:
         pass

@@ -241,7 +241,7 @@ def test_drain_results_copies_expected_results_and_hands_back_the_rest():
     out = np.zeros(10, np.float32)
     view = memoryview(out).cast("B")
     handle = Counter(2)
-    expect = {0: (view[0:16], 4, handle), 2: (view[16:24], 4, handle), 1: (view[24:40], 4, handle)}
+    expect = {0: (view[0:16], [4, handle]), 2: (view[16:24], [4, handle]), 1: (view[24:40], [4, handle])}
 
     def result(cid, values, iteration=4):
         data = np.asarray(values, np.float32).tobytes()
@@ -252,7 +252,7 @@ def test_drain_results_copies_expected_results_and_hands_back_the_rest():
                 result(0, [1, 2, 3, 4]),  # no longer expected
                 result(2, [5, 6], iteration=5)):
         out[:] = 0
-        expect.update({0: (view[0:16], 4, handle), 2: (view[16:24], 4, handle)})
+        expect.update({0: (view[0:16], [4, handle]), 2: (view[16:24], [4, handle])})
         handle.left = 2
         staging = bytearray(good + bad)
         assert fastpath.drain_results(staging, 0, len(staging), 0, 0, table, expect) == (len(good), True)
@@ -269,7 +269,7 @@ def test_drain_results_copies_every_byte_whatever_the_size_and_alignment(nbytes,
     view = memoryview(out).cast("B")
     values = np.arange(nbytes // 4, dtype=np.float32) + 0.5
     handle = Counter(1)
-    expect = {0: (view[offset:offset + nbytes], 1, handle)}
+    expect = {0: (view[offset:offset + nbytes], [1, handle])}
     staging = bytearray(b"\0" * 3 + wire.pack_header(wire.Kind.RESULT, 0, wire.SERVER_SENDER, 0, 1, nbytes)
                         + values.tobytes())  # a payload at an odd place in the staging buffer
     assert fastpath.drain_results(staging, 3, len(staging), 0, 0, table, expect) == (len(staging), False)

@@ -79,7 +79,7 @@ def test_recv_results_reads_expected_results_into_place_and_stops_at_the_rest(pa
                 wire.control_frame(wire.Kind.READY, 0, wire.SERVER_SENDER, {})):
         out[:] = 0
         handle.left = 2
-        expect = {0: (view[0:16], 4, handle), 2: (view[16:24], 4, handle), 1: (view[24:40], 4, handle)}
+        expect = {0: (view[0:16], [4, handle]), 2: (view[16:24], [4, handle]), 1: (view[24:40], [4, handle])}
         a.sendall(good + bad)
         cur = cursor()
         code = until(b, lambda: fastpath.recv_results(b.fileno(), cur, 0, 0, table, expect),
@@ -93,7 +93,7 @@ def test_recv_results_says_when_a_result_stopped_being_expected_mid_way(pair):
     a, b = pair
     table = np.array([[0, 4096]], dtype=np.int32)
     out = np.zeros(1024, np.float32)
-    expect = {0: (memoryview(out).cast("B"), 1, Counter(1))}
+    expect = {0: (memoryview(out).cast("B"), [1, Counter(1)])}
     frame = result_frame(0, np.arange(1024), iteration=1)
     cur = cursor()
     a.sendall(frame[:HEADER + 64])
@@ -116,7 +116,7 @@ def test_recv_results_takes_a_frame_cut_anywhere(pair):
     table = np.array([[0, 4096]], dtype=np.int32)
     out = np.full(1026, -1.0, np.float32)
     handle = Counter(1)
-    expect = {0: (memoryview(out).cast("B")[4:4100], 1, handle)}
+    expect = {0: (memoryview(out).cast("B")[4:4100], [1, handle])}
     frame = result_frame(0, values, iteration=1)
     cur = cursor()
     cuts = [0, 5, HEADER, HEADER + 7, len(frame) - 1, len(frame)]
@@ -132,7 +132,7 @@ def test_recv_results_takes_a_frame_cut_anywhere(pair):
 def test_recv_results_reports_a_closed_connection_and_where(cut, pair):
     a, b = pair
     table = np.array([[0, 4096]], dtype=np.int32)
-    expect = {0: (memoryview(np.zeros(1024, np.float32)).cast("B"), 1, Counter(1))}
+    expect = {0: (memoryview(np.zeros(1024, np.float32)).cast("B"), [1, Counter(1)])}
     a.sendall(result_frame(0, np.arange(1024), iteration=1)[:cut])
     a.close()
     cur = cursor()
@@ -147,7 +147,7 @@ def test_a_direct_link_delivers_every_frame_however_the_bytes_are_cut(pieces):
     table = np.array([[0, 4096], [0, 4096], [0, 4096]], dtype=np.int32)
     out = np.zeros((3, 1024), np.float32)
     handle = Counter(2)
-    expect = {cid: (memoryview(out[cid]).cast("B"), 1, handle) for cid in (0, 1)}
+    expect = {cid: (memoryview(out[cid]).cast("B"), [1, handle]) for cid in (0, 1)}
     values = [np.arange(1024, dtype=np.float32) * (cid + 1) for cid in range(3)]
     frames = [wire.control_frame(wire.Kind.READY, 0, wire.SERVER_SENDER, {"n": 1}),
               result_frame(0, values[0], iteration=1),

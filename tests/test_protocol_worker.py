@@ -29,7 +29,7 @@ def worker(lanes=2):
     handle = Handle(None, len(plan.chunks), out, "pushpull of 'w'", [c.id for c in plan.chunks])
     view = memoryview(out).cast("B")
     for c in plan.chunks:
-        protocol.expect[c.id] = (view[c.offset * 4:(c.offset + c.size) * 4], 1, handle)
+        protocol.expect[c.id] = (view[c.offset * 4:(c.offset + c.size) * 4], [1, handle])
     return protocol, plan, out, handle
 
 
@@ -61,6 +61,30 @@ def test_results_land_in_the_awaited_array_and_complete_the_handle():
         receive(protocol, c.lane, result(c, np.full(c.size, c.id + 0.5, np.float32)))
     assert handle.done() and protocol.expect == {} and protocol.awaiting([0, 1, 2]) == []
     assert np.array_equal(out, np.concatenate([np.full(c.size, c.id + 0.5, np.float32) for c in plan.chunks]))
+
+
+def test_a_keys_results_are_awaited_by_the_same_entries_while_they_go_into_the_same_array():
+    """expect_key makes a key's entries once per output array: the next pushpull into it only
+    changes the iteration and handle they share; another array gets entries of its own."""
+    protocol = WorkerProtocol(7, 1, 2, token="t")
+    plan = ChunkPlan(Topology(interfaces=2, cores=1), CHUNK_BYTES)
+    plan.add_arrays([("w", (600,))])
+    protocol.chunks_changed(plan)
+    first, second = np.zeros(600, np.float32), np.zeros(600, np.float32)
+    spans = plan.key_spans("w")
+    seen = []
+    for iteration, out in enumerate([first, first, second, first], start=1):
+        handle = Handle(None, len(plan.chunks), out, f"pushpull {iteration}", [c.id for c in plan.chunks])
+        protocol.expect_key("w", out, spans, iteration, handle)
+        seen.append(dict(protocol.expect))
+        for c in plan.chunks:
+            receive(protocol, c.lane, result(c, np.full(c.size, iteration + c.id, np.float32), iteration=iteration))
+        assert handle.done() and protocol.expect == {}
+        assert np.array_equal(out, np.concatenate([np.full(c.size, iteration + c.id, np.float32) for c in plan.chunks]))
+    assert all(seen[1][cid] is seen[0][cid] for cid in seen[0])  # the same array: the same entries
+    assert all(seen[2][cid] is not seen[1][cid] for cid in seen[1])  # another array: new ones
+    assert all(seen[3][cid] is not seen[1][cid] for cid in seen[1])  # and new ones back
+    assert np.array_equal(second[:256], np.full(256, 3, np.float32))  # iteration 3 went to `second` only
 
 
 @pytest.mark.parametrize("make, words", [

@@ -2,7 +2,7 @@
 server core sends does to the operations the worker awaits.
 
 `WorkerProtocol` keeps what a `phub.Client` waits for: the results of its pushpulls (each
-chunk's destination, iteration and `Handle`), READYs of its registered batches, answers to
+chunk's destination, and the iteration and `Handle` awaiting it, see `KeyResults`), READYs of its registered batches, answers to
 `optimizer_state`, SHAREd values, the OPTIMIZER echo of an RDMA data path. The client's I/O
 thread (clientloop.py) hands it the frames of each lane:
 
@@ -29,6 +29,29 @@ class ServerReportedError(JobFailed):
     """A server core sent ERROR: it gave up on the job (the text is its message)."""
 
 
+def awaited_by(iteration: int, handle) -> list:
+    """What the `expect` entries of one operation share: [iteration, handle]. An entry is
+    (destination bytes, awaited); the C loops of phub/_fastpath.c read it the same way."""
+    return [iteration, handle]
+
+
+class KeyResults:
+    """The `expect` entries of one key's results into one output array, made once and reused by
+    every pushpull into it: only their shared `awaited` changes. A pushpull of the key starts
+    only after the last one is done, when none of its entries is expected any more, so no entry
+    changes while the I/O thread may read it. Per chunk and pushpull, fresh entries were the
+    garbage the collector spent most of a worker's main thread on at small chunks (they live
+    until their result arrives, long enough to reach the oldest generation)."""
+
+    __slots__ = ("out", "awaited", "entries")
+
+    def __init__(self, out: np.ndarray, spans):
+        out_bytes = memoryview(out.reshape(-1)).cast("B")
+        self.out = out  # the array the entries' destinations are views of (kept alive by them)
+        self.awaited = awaited_by(0, None)
+        self.entries = [(cid, (out_bytes[start:end], self.awaited)) for cid, start, end in spans]
+
+
 class WorkerProtocol:
     """One worker's awaited operations and the frames that complete them."""
 
@@ -36,7 +59,8 @@ class WorkerProtocol:
         self.job_id, self.rank, self.num_workers, self.token = job_id, rank, num_workers, token
         self.error: Optional[PHubError] = None  # why the job is over for this worker
         self.data = None  # the worker's data path (datapath.TcpWorkerPath or an RDMA one), once known
-        self.expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, iteration, handle)
+        self.expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, [iteration, handle])
+        self._key_results: Dict[object, KeyResults] = {}  # by key, see expect_key
         self.expect_state: Dict[int, tuple] = {}  # chunk id -> (destination bytes, handle), see optimizer_state
         self.ready_waiters: Dict[int, object] = {}  # batch -> handle counting READY frames
         self.share_waiters: Dict[str, object] = {}  # name -> handle (see Client.share)
@@ -70,6 +94,17 @@ class WorkerProtocol:
         self.chunk_lanes = [c.lane for c in plan.chunks]
         self.chunk_table = np.array([(c.lane, c.nbytes) for c in plan.chunks], dtype=np.int32).reshape(-1, 2)
 
+    def expect_key(self, key, out: np.ndarray, spans, iteration: int, handle) -> None:
+        """Await a pushpull's results of `key` into `out` (`spans`: the key's (chunk id, first
+        byte, end byte) in it, see ChunkPlan.key_spans), for `handle`. Only when the key's
+        previous pushpull is done (see KeyResults)."""
+        results = self._key_results.get(key)
+        if results is None or results.out is not out:
+            results = self._key_results[key] = KeyResults(out, spans)
+        results.awaited[0] = iteration
+        results.awaited[1] = handle
+        self.expect.update(results.entries)
+
     # -- frames ------------------------------------------------------------------------------
     def payload_target(self, header: wire.Header, lane: int) -> memoryview:
         wire.check_sender(header, job=self.job_id, sender=wire.SERVER_SENDER)
@@ -83,14 +118,14 @@ class WorkerProtocol:
             raise ProtocolError(f"the server sent a {header.kind.name} data frame")
         wire.check_chunk(header, self.chunk_nbytes, lambda cid: lanes[cid] == lane)
         expected = self.expect.get(header.chunk)
-        if expected is None or expected[1] != header.iteration:
+        if expected is None or expected[1][0] != header.iteration:
             raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
         return expected[0]
 
     def frame_received(self, lane: int, frame: wire.Frame) -> None:
         kind = frame.header.kind
         if kind is wire.Kind.RESULT:  # its payload is in place already (payload_target)
-            self.expect.pop(frame.header.chunk)[2]._arrived()
+            self.expect.pop(frame.header.chunk)[1][1]._arrived()
         elif kind is wire.Kind.READY:
             body = frame.json()
             batch = messages.ready(body)
@@ -122,8 +157,10 @@ class WorkerProtocol:
         """The job is over for this worker (the first error is the one kept): wake every waiter."""
         if self.error is None:
             self.error = error
-        for entry in [*self.expect.values(), *self.expect_state.values()]:
-            entry[-1]._event.set()
+        for _, (_, handle) in list(self.expect.values()):
+            handle._event.set()
+        for _, handle in list(self.expect_state.values()):
+            handle._event.set()
         for handle in [*self.ready_waiters.values(), *self.share_waiters.values(), self.optimizer_acks]:
             if handle is not None:
                 handle._event.set()

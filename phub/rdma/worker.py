@@ -130,7 +130,7 @@ class WorkerVerbs:
 
     def deliver(self, expect: dict) -> None:
         """Copy each landed result to where the client awaits it (`expect`: chunk id ->
-        (destination bytes, iteration, handle)) and count it in; ProtocolError for one not awaited."""
+        (destination bytes, [iteration, handle])) and count it in; ProtocolError for one not awaited."""
         for chunk_id in self.poll():
             awaited = expect.pop(chunk_id, None)
             if awaited is None:
@@ -138,7 +138,7 @@ class WorkerVerbs:
             batch = self.plan.chunks[chunk_id].batch
             offset, nbytes = self.layouts[batch].result(chunk_id)
             awaited[0][:] = self.regions[batch].memory.bytes(offset, nbytes)
-            awaited[2]._arrived()
+            awaited[1][1]._arrived()
 
     def close(self) -> None:
         self.nic.close()
