@@ -13,7 +13,8 @@
  * check; it only takes the common case off the interpreter.
  *
  * The round state stays in the Python ChunkState objects (rounds, arrived, mask), so the rest of
- * the server (stall checks, failures, the pure-Python path) sees one truth. The folds are the
+ * the server (stall checks, failures, the pure-Python path) sees one truth; the loops read and
+ * write it where ChunkState's __slots__ keep it (read_slots_of), not through attribute lookups. The folds are the
  * same float32 operations in the same order as JobState.on_push with the kernels of
  * phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python path.
  *
@@ -29,6 +30,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -55,11 +57,107 @@ frame_from(const unsigned char *h, int kind, uint32_t job, uint32_t sender)
     return memcmp(h, "PHUB", 4) == 0 && h[4] == 1 && h[5] == kind && le32(h + 8) == job && le32(h + 12) == sender;
 }
 
+/* Where the attributes these loops read and write live in a ChunkState: a __slots__ attribute
+ * sits at a fixed offset in its object, which its member descriptor gives (`read_slots_of`
+ * learns them). Reading it there skips the attribute lookup through the type, which cost more
+ * than the rest of a push's bookkeeping at small chunks. Any other object's attributes (and a
+ * subclass's) are looked up as always. */
+#define MAX_SLOTS 16
+static PyTypeObject *slots_type;
+static PyObject *slot_names[MAX_SLOTS];
+static Py_ssize_t slot_offsets[MAX_SLOTS];
+static int slot_count;
+
+/* The address of `obj`'s slot `name`, or NULL when it is not one read in place. */
+static inline PyObject **
+slot_at(PyObject *obj, PyObject *name)
+{
+    if (Py_TYPE(obj) != slots_type) {
+        return NULL;
+    }
+    for (int i = 0; i < slot_count; i++) {
+        if (slot_names[i] == name) {
+            return (PyObject **)((char *)obj + slot_offsets[i]);
+        }
+    }
+    return NULL;
+}
+
+/* PyObject_GetAttr(obj, name), reading a ChunkState's slot in place. */
+static PyObject *
+get_attr(PyObject *obj, PyObject *name)
+{
+    PyObject **slot = slot_at(obj, name);
+    if (slot == NULL) {
+        return PyObject_GetAttr(obj, name);
+    }
+    if (*slot == NULL) {
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", Py_TYPE(obj)->tp_name, name);
+        return NULL;
+    }
+    return Py_NewRef(*slot);
+}
+
+/* PyObject_SetAttr(obj, name, value) for a ChunkState's slot, in place; 0 or -1. */
+static int
+set_attr(PyObject *obj, PyObject *name, PyObject *value)
+{
+    PyObject **slot = slot_at(obj, name);
+    if (slot == NULL) {
+        return PyObject_SetAttr(obj, name, value);
+    }
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
+PyDoc_STRVAR(read_slots_of_doc,
+"read_slots_of(cls)\n--\n\n"
+"From now on read and write the attributes these loops use in instances of exactly `cls`\n"
+"(aggregation.ChunkState) where its __slots__ keep them. AttributeError when `cls` lacks one,\n"
+"ValueError when one is not a writable object slot of it.");
+
+static PyObject **const loop_names[] = {&s_rounds, &s_arrived, &s_mask, &s_slots, &s_acc,
+                                        &s_chunk, &s_mom, &s_weight, &s_weight_view, &s_result_view};
+
+static PyObject *
+fp_read_slots_of(PyObject *self, PyObject *cls)
+{
+    const int count = (int)(sizeof loop_names / sizeof loop_names[0]);
+    Py_ssize_t offsets[sizeof loop_names / sizeof loop_names[0]];
+    if (!PyType_Check(cls)) {
+        return PyErr_Format(PyExc_TypeError, "read_slots_of takes a class, not %.100s", Py_TYPE(cls)->tp_name);
+    }
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttr(cls, *loop_names[i]);
+        if (descr == NULL) {
+            return NULL;
+        }
+        int usable = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
+                     !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY);
+        if (usable) {
+            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        }
+        Py_DECREF(descr);
+        if (!usable) {
+            return PyErr_Format(PyExc_ValueError, "%.100s.%U is not a writable __slots__ attribute",
+                                ((PyTypeObject *)cls)->tp_name, *loop_names[i]);
+        }
+    }
+    Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef(cls));
+    for (int i = 0; i < count; i++) {
+        slot_names[i] = *loop_names[i];
+        slot_offsets[i] = offsets[i];
+    }
+    slot_count = count;
+    Py_RETURN_NONE;
+}
+
 /* An int attribute of `obj`, or -1 with an exception set. */
 static long long
 get_int(PyObject *obj, PyObject *name)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *value = get_attr(obj, name);
     if (value == NULL) {
         return -1;
     }
@@ -75,7 +173,7 @@ set_int(PyObject *obj, PyObject *name, long long value)
     if (number == NULL) {
         return -1;
     }
-    int status = PyObject_SetAttr(obj, name, number);
+    int status = set_attr(obj, name, number);
     Py_DECREF(number);
     return status;
 }
@@ -111,7 +209,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
             int first = 63 - __builtin_clzll((unsigned long long)before);
             acc = PyList_GET_ITEM(slots, first);
         } else {
-            acc = PyObject_GetAttr(state, s_acc);
+            acc = get_attr(state, s_acc);
             if (acc == NULL) {
                 return -1;
             }
@@ -128,7 +226,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
     if (arrived < 2) {
         return 0; /* the first copy waits in its slot (see aggregation.py) */
     }
-    PyObject *acc_obj = PyObject_GetAttr(state, s_acc);
+    PyObject *acc_obj = get_attr(state, s_acc);
     if (acc_obj == NULL) {
         return -1;
     }
@@ -229,7 +327,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             stopped_at_frame = 1; /* out of turn: the Python path says what is wrong */
             break;
         }
-        PyObject *slots = PyObject_GetAttr(state, s_slots);
+        PyObject *slots = get_attr(state, s_slots);
         if (slots == NULL) {
             goto done;
         }
@@ -407,6 +505,7 @@ static PyMethodDef fp_methods[] = {
     {"finish_rounds", fp_finish_rounds, METH_VARARGS, finish_rounds_doc},
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
     {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
+    {"read_slots_of", fp_read_slots_of, METH_O, read_slots_of_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,18 +24,31 @@ typedef struct {
     float lr, mu, wd, rescale, clip;
 } fast_optimizer;
 
+/* The optimizer parameters parsed last, by the tuple they came from: the rounds of one call
+ * mostly share their lane's, and parsing them per round cost more than the rest of a round's
+ * bookkeeping at small chunks. */
+typedef struct {
+    PyObject *params; /* borrowed: `optimizers` holds it for the whole call */
+    int usable;
+    fast_optimizer opt;
+} parsed_optimizer;
+
 /* Parse one; 0 when it is not one this loop runs, -1 with an exception set on a malformed one. */
 static int
-get_optimizer(PyObject *params, fast_optimizer *opt)
+get_optimizer(PyObject *params, parsed_optimizer *parsed)
 {
-    if (params == Py_None) {
-        return 0;
+    if (params == parsed->params) {
+        return parsed->usable;
     }
-    if (!PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd, &opt->rescale,
-                          &opt->clip)) {
+    fast_optimizer *opt = &parsed->opt;
+    int usable = params != Py_None;
+    if (usable && !PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd,
+                                    &opt->rescale, &opt->clip)) {
         return -1;
     }
-    return opt->kind == OPT_NAG || opt->kind == OPT_SGD;
+    parsed->params = params;
+    parsed->usable = usable && (opt->kind == OPT_NAG || opt->kind == OPT_SGD);
+    return parsed->usable;
 }
 
 /* Results this small travel as one copy, header and payload side by side in one buffer per
@@ -111,25 +124,25 @@ queue_result(PyObject *parts, PyObject *lane, uint32_t job, uint32_t chunk, uint
 
 /* Finish one completed round if this loop can: 1 done, 0 left to Python, -1 error. */
 static int
-finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts)
+finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts, parsed_optimizer *parsed)
 {
     PyObject *state = PyTuple_GET_ITEM(item, 0), *acc_obj = PyTuple_GET_ITEM(item, 1);
     PyObject *last_obj = PyTuple_GET_ITEM(item, 2);
     PyObject *chunk = NULL, *lane = NULL, *mom_obj = NULL, *weight_obj = NULL, *view = NULL, *shown = NULL;
     Py_buffer w = {0}, m = {0}, a = {0}, l = {0};
     int done = -1;
-    fast_optimizer opt;
-    if ((chunk = PyObject_GetAttr(state, s_chunk)) == NULL || (lane = PyObject_GetAttr(chunk, s_lane)) == NULL) {
+    if ((chunk = get_attr(state, s_chunk)) == NULL || (lane = PyObject_GetAttr(chunk, s_lane)) == NULL) {
         goto out;
     }
     PyObject *params = PyDict_GetItemWithError(optimizers, lane); /* borrowed */
-    int usable = params == NULL ? (PyErr_Occurred() ? -1 : 0) : get_optimizer(params, &opt);
+    int usable = params == NULL ? (PyErr_Occurred() ? -1 : 0) : get_optimizer(params, parsed);
     if (usable <= 0) {
         done = usable;
         goto out;
     }
-    if ((mom_obj = PyObject_GetAttr(state, s_mom)) == NULL || (view = PyObject_GetAttr(state, s_weight_view)) == NULL ||
-        (shown = PyObject_GetAttr(state, s_result_view)) == NULL) {
+    const fast_optimizer opt = parsed->opt;
+    if ((mom_obj = get_attr(state, s_mom)) == NULL || (view = get_attr(state, s_weight_view)) == NULL ||
+        (shown = get_attr(state, s_result_view)) == NULL) {
         goto out;
     }
     const int needs_mom = opt.needs_mom;
@@ -138,7 +151,7 @@ finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts)
         goto out;
     }
     long long cid = get_int(chunk, s_id), rounds = cid < 0 ? -1 : get_int(state, s_rounds);
-    if (cid < 0 || rounds < 0 || (weight_obj = PyObject_GetAttr(state, s_weight)) == NULL ||
+    if (cid < 0 || rounds < 0 || (weight_obj = get_attr(state, s_weight)) == NULL ||
         PyObject_GetBuffer(weight_obj, &w, PyBUF_WRITABLE) < 0) {
         goto out;
     }
@@ -192,9 +205,11 @@ fp_finish_rounds(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *rest = PyList_New(0);
+    parsed_optimizer parsed = {NULL, 0, {0}};
     for (Py_ssize_t i = 0; rest != NULL && i < PyList_GET_SIZE(completed); i++) {
         PyObject *item = PyList_GET_ITEM(completed, i);
-        int done = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? finish_one(item, job, optimizers, parts) : 0;
+        int done = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? finish_one(item, job, optimizers, parts, &parsed)
+                                                                        : 0;
         if (done < 0 || (done == 0 && PyList_Append(rest, item) < 0)) {
             Py_CLEAR(rest);
         }

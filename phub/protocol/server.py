@@ -38,9 +38,11 @@ from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import Job, Peer, RefusalLog
 
 try:
-    from .._fastpath import drain_pushes, finish_rounds
+    from .._fastpath import drain_pushes, finish_rounds, read_slots_of
 except ImportError:  # not built: every frame takes the Python path
     drain_pushes = finish_rounds = None
+else:
+    read_slots_of(ChunkState)  # the C loops read a chunk's round state where its slots keep it
 
 _PUSH = wire.Kind.PUSH
 _SERVER = wire.SERVER_SENDER
