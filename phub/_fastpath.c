@@ -410,18 +410,63 @@ expected_result(PyObject *expect, PyObject *key, uint32_t iteration)
     return entry;
 }
 
+/* Results landed but not yet counted in for their handle: consecutive results mostly belong to
+ * one pushpull, which is told once, `count` at a time (a Python call per result cost more than
+ * the rest of a small result's handling). Told at the latest before the loop returns. */
+typedef struct {
+    PyObject *handle; /* a reference of its own: the key's next pushpull may replace it */
+    long count;
+} arrivals;
+
+/* Tell the handle its results (handle._arrived(count)); 0, or -1 with an exception set. */
+static int
+tell_arrivals(arrivals *a)
+{
+    if (a->handle == NULL) {
+        return 0;
+    }
+    PyObject *count = PyLong_FromLong(a->count);
+    PyObject *called = count == NULL ? NULL : PyObject_CallMethodOneArg(a->handle, s_arrived_method, count);
+    Py_XDECREF(count);
+    Py_CLEAR(a->handle);
+    Py_XDECREF(called);
+    return called == NULL ? -1 : 0;
+}
+
+/* What a loop does on its way out: tell what landed, keeping an exception already set (the
+ * results are in their arrays either way). -1 when one is set after it. */
+static int
+tell_arrivals_on_exit(arrivals *a)
+{
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    int status = tell_arrivals(a);
+    if (type != NULL) {
+        PyErr_Clear();
+        PyErr_Restore(type, value, trace);
+        return -1;
+    }
+    return status;
+}
+
 /* A result is in its destination: drop its `expect` entry and count it in for its handle (what
  * WorkerProtocol.frame_received does). 0, or -1 with an exception set. */
 static int
-result_landed(PyObject *expect, PyObject *key, PyObject *entry)
+result_landed(PyObject *expect, PyObject *key, PyObject *entry, arrivals *a)
 {
-    /* the handle's own reference: once it is done, the key's next pushpull may replace it */
     PyObject *handle = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 1), 1);
-    Py_INCREF(handle);
-    PyObject *called = PyDict_DelItem(expect, key) < 0 ? NULL : PyObject_CallMethodNoArgs(handle, s_arrived_method);
-    Py_DECREF(handle);
-    Py_XDECREF(called);
-    return called == NULL ? -1 : 0;
+    if (handle != a->handle) {
+        if (tell_arrivals(a) < 0) {
+            return -1;
+        }
+        a->handle = Py_NewRef(handle);
+        a->count = 0;
+    }
+    if (PyDict_DelItem(expect, key) < 0) {
+        return -1;
+    }
+    a->count += 1;
+    return 0;
 }
 
 PyDoc_STRVAR(drain_results_doc,
@@ -430,7 +475,8 @@ PyDoc_STRVAR(drain_results_doc,
 "expects on this lane into their destinations (what Client._payload_target + _on_frame do).\n"
 "`table` is the int32 (chunks, 2) array [lane, payload bytes]; `expect` the client's dict\n"
 "chunk id -> (destination bytes, [iteration, handle]): an entry is removed and its handle's\n"
-"_arrived() called per result. Returns (offset, stopped_at_frame) as drain_pushes does.");
+"_arrived(count) told what landed, once per run of results of one handle, before it returns.\n"
+"Returns (offset, stopped_at_frame) as drain_pushes does.");
 
 static PyObject *
 fp_drain_results(PyObject *self, PyObject *args)
@@ -445,6 +491,7 @@ fp_drain_results(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
+    arrivals landed = {NULL, 0};
     int stopped_at_frame = 0;
     if (start < 0 || end > staging.len || start > end || table.len % 8 != 0) {
         PyErr_SetString(PyExc_ValueError, "drain_results: inconsistent arguments");
@@ -481,7 +528,7 @@ fp_drain_results(PyObject *self, PyObject *args)
         if (status == 0) {
             memcpy(dest.buf, h + HEADER_BYTES, length);
             PyBuffer_Release(&dest);
-            status = result_landed(expect, key, entry);
+            status = result_landed(expect, key, entry, &landed);
         }
         Py_DECREF(entry);
         Py_DECREF(key);
@@ -492,6 +539,9 @@ fp_drain_results(PyObject *self, PyObject *args)
     }
     result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);
 done:
+    if (tell_arrivals_on_exit(&landed) < 0) {
+        Py_CLEAR(result);
+    }
     PyBuffer_Release(&staging);
     PyBuffer_Release(&table);
     return result;

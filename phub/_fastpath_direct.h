@@ -123,9 +123,9 @@ PyDoc_STRVAR(recv_results_doc,
 "recv_results(fd, cursor, job, lane, table, expect)\n--\n\n"
 "The worker's direct reader: read one lane's RESULT frames straight into the caller's arrays, as\n"
 "drain_results takes them from a staging buffer (the same checks; `expect` loses each entry and\n"
-"its handle's _arrived() is called), until the socket has nothing more. Returns 0: it would\n"
-"block; 1: a frame it does not take (its header is in the cursor); 2: the peer closed the\n"
-"connection; 3: the result being read stopped being expected.");
+"its handle is told with _arrived(count), as there), until the socket has nothing more.\n"
+"Returns 0: it would block; 1: a frame it does not take (its header is in the cursor); 2: the\n"
+"peer closed the connection; 3: the result being read stopped being expected.");
 
 static PyObject *
 fp_recv_results(PyObject *self, PyObject *args)
@@ -139,6 +139,7 @@ fp_recv_results(PyObject *self, PyObject *args)
         return NULL;
     }
     int code = -2;
+    arrivals landed = {NULL, 0};
     read_cursor *c = get_cursor(&cursor_view);
     if (c == NULL) {
         goto done;
@@ -176,7 +177,7 @@ fp_recv_results(PyObject *self, PyObject *args)
             n = read_some(fd, c, (char *)dest.buf, length);
             PyBuffer_Release(&dest);
         }
-        int status = n > 0 && payload_read(c, n, length) ? result_landed(expect, key, entry) : 0;
+        int status = n > 0 && payload_read(c, n, length) ? result_landed(expect, key, entry, &landed) : 0;
         Py_DECREF(entry);
         Py_DECREF(key);
         if (n <= 0 || status < 0) {
@@ -185,6 +186,9 @@ fp_recv_results(PyObject *self, PyObject *args)
         }
     }
 done:
+    if (tell_arrivals_on_exit(&landed) < 0) {
+        code = -2;
+    }
     PyBuffer_Release(&cursor_view);
     PyBuffer_Release(&table);
     return code == -2 ? NULL : PyLong_FromLong(code);

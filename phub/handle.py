@@ -23,8 +23,8 @@ class Handle:
         if remaining == 0:
             self._event.set()
 
-    def _arrived(self) -> None:  # called by the I/O thread only
-        self._remaining -= 1
+    def _arrived(self, count: int = 1) -> None:  # called by the I/O thread only
+        self._remaining -= count
         if self._remaining == 0:
             self._event.set()
 

@@ -229,11 +229,14 @@ def test_drain_pushes_waits_for_the_rest_of_a_frame():
 
 
 class Counter:
-    def __init__(self, n):
-        self.left = n
+    """A handle double: counts what it is told arrived, and how often it was told."""
 
-    def _arrived(self):
-        self.left -= 1
+    def __init__(self, n):
+        self.left, self.told = n, 0
+
+    def _arrived(self, count=1):
+        self.left -= count
+        self.told += 1
 
 
 def test_drain_results_copies_expected_results_and_hands_back_the_rest():
@@ -253,10 +256,31 @@ def test_drain_results_copies_expected_results_and_hands_back_the_rest():
                 result(2, [5, 6], iteration=5)):
         out[:] = 0
         expect.update({0: (view[0:16], [4, handle]), 2: (view[16:24], [4, handle])})
-        handle.left = 2
+        handle.left, handle.told = 2, 0
         staging = bytearray(good + bad)
         assert fastpath.drain_results(staging, 0, len(staging), 0, 0, table, expect) == (len(good), True)
         assert out[:6].tolist() == [1, 2, 3, 4, 5, 6] and handle.left == 0 and set(expect) == {1}
+        assert handle.told == 1  # one pushpull's results, told at once
+
+
+def test_drain_results_tells_each_handle_every_result_of_it_in_order_of_runs():
+    """Results are counted in per run of one handle: interleaved pushpulls are each told all of
+    theirs, and a handle is told before the loop hands a frame back."""
+    table = np.array([[0, 4]] * 5, dtype=np.int32)
+    out = np.zeros(5, np.float32)
+    view = memoryview(out).cast("B")
+    first, second = Counter(3), Counter(2)
+    owner = {0: first, 1: second, 2: first, 3: first, 4: second}
+    expect = {cid: (view[4 * cid:4 * cid + 4], [1, handle]) for cid, handle in owner.items()}
+
+    def result(cid):
+        return wire.pack_header(wire.Kind.RESULT, 0, wire.SERVER_SENDER, cid, 1, 4) + np.float32(cid + 1).tobytes()
+
+    frames = b"".join(result(cid) for cid in range(4))
+    staging = bytearray(frames + result(4)[:20])  # the last result cut short: it waits
+    assert fastpath.drain_results(staging, 0, len(staging), 0, 0, table, expect) == (len(frames), False)
+    assert (first.left, first.told, second.left, second.told) == (0, 2, 1, 1)  # runs: 0 | 1 | 2, 3
+    assert out.tolist() == [1, 2, 3, 4, 0] and set(expect) == {4}
 
 
 @pytest.mark.parametrize("offset", [0, 4, 8, 12])
