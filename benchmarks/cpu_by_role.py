@@ -8,8 +8,8 @@ Runs phub's loopback exchange (compute removed, as `data_path.py` does) under Li
 twice, `--exchanges` exchanges and a fifth of them, and divides the difference of every count
 by the difference of exchanges: what start-up and the warm-up cost drops out. Every figure is the
 median over `--repeats` such pairs (a cell near zero may come out slightly negative: start-up
-varies from run to run). Each sample is put
-down to a role and a kind of code, as milliseconds of CPU per exchange:
+varies from run to run). Each sample is put down to a role and a kind of code, as milliseconds
+of CPU per exchange:
 
 * roles: `server-core` (a process with one busy thread: a phub server core), `worker-io` (a
   worker's busiest thread besides its main one: the client's I/O thread, both workers summed),
@@ -20,8 +20,8 @@ down to a role and a kind of code, as milliseconds of CPU per exchange:
   every object the C API makes, wherever it is called from), `numpy`, `other`.
 
 Beside them, from the same run: raw TCP's CPU per exchange (`data_path.py`'s raw run: the same
-bytes between the same processes, no framing), and the CPU an exchange 0.8
-as fast as raw TCP may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU / 0.8,
+bytes between the same processes, no framing), and the CPU an exchange 0.8 as fast as raw TCP
+may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU / 0.8,
 `budget_at_goal_ms`; `data_path.py` prints the same budget). The last line of stdout is one JSON
 object; `--out FILE` also writes it there (atomically).
 
@@ -49,8 +49,9 @@ KINDS = ("kernel", "c-loops", "memmove", "python", "numpy", "other")
 _SAMPLE = re.compile(r"\s*(\d+)/(\d+)\s+\S+\s+(.*?)\s+\((.*)\)\s*$")  # pid/tid ip symbol (dso)
 _EXCHANGE = ("import json, sys\n"
              "from experiments.runner import Options, run_exchanges\n"
-             "row = run_exchanges('phub', sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 1,\n"
-             "                    options=Options(cores=int(sys.argv[4]), chunk_bytes=int(sys.argv[5])), quiet=True)[0]\n"
+             "options = Options(cores=int(sys.argv[4]), chunk_bytes=int(sys.argv[5]))\n"
+             "row = run_exchanges('phub', sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 1, options=options,\n"
+             "                    quiet=True)[0]\n"
              "print(json.dumps(row['seconds_per_iteration']))\n")
 
 
@@ -72,8 +73,8 @@ def kind_of(symbol: str, dso: str) -> str:
 def samples_by_role(lines) -> dict:
     """Counts {role: {kind: samples}} of `perf script -F pid,tid,ip,sym,dso` output. A process's
     role comes from its threads: one busy thread, a server core; a second thread with at least
-    5% of its samples, a worker (its main thread and its I/O thread, the busiest other one). Processes with under 2% of the samples (the launcher,
-    the harness's parent) are left out."""
+    5% of its samples, a worker (its main thread and its I/O thread, the busiest other one).
+    Processes with under 2% of the samples (the launcher, the harness's parent) are left out."""
     per = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     for line in lines:
         match = _SAMPLE.match(line)

@@ -330,11 +330,10 @@ def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, hold_s: float, f
             "phub_beyond_us_per_frame": None if beyond is None else round(beyond / frames * 1e6, 2)}
 
 
-def one_core(seconds, tcp_s: float, pslite_s: float) -> dict:
-    """The summary's figures of phub on one server core, when it ran beside the main layout."""
-    if not seconds:
+def one_core(one_core_s, tcp_s: float, pslite_s: float) -> dict:
+    """The summary's ratios of phub on one server core, when it ran beside the main layout."""
+    if one_core_s is None:
         return {}
-    one_core_s = statistics.median(seconds)
     return {"ratio_phub_one_core_over_tcp_bound": round(tcp_s / one_core_s, 3),
             "ratio_phub_one_core_over_pslite-central": round(one_core_s / pslite_s, 3)}
 
@@ -404,6 +403,7 @@ def main() -> int:
 
     median = statistics.median
     tcp_s, phub_s, pslite_s = median(tcp), median(exchange["phub"]), median(exchange["pslite-central"])
+    one_core_s = median(exchange["phub-one-core"]) if "phub-one-core" in exchange else None
     moved_bits = 2 * args.workers * model_bytes * 8
     # What TCP itself costs a server: the receiver's CPU per byte it took in and sent back.
     socket_s_per_byte = median(echo_cpu) / (args.workers * model_bytes)
@@ -444,9 +444,8 @@ def main() -> int:
         "budget_at_goal": budget,
         "seconds": {"tcp": round(tcp_s, 5), "ideal_server": round(ideal_s, 5), "phub": round(phub_s, 5),
                     "pslite-central": round(pslite_s, 5),
-                    **({"phub_one_core": round(median(exchange["phub-one-core"]), 5)} if "phub-one-core" in exchange
-                       else {})},
-        **one_core(exchange.get("phub-one-core"), tcp_s, pslite_s),
+                    **({} if one_core_s is None else {"phub_one_core": round(one_core_s, 5)})},
+        **one_core(one_core_s, tcp_s, pslite_s),
         "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
         "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
     }
