@@ -549,6 +549,7 @@ done:
 
 #include "_fastpath_rounds.h"
 #include "_fastpath_direct.h"
+#include "_fastpath_send.h"
 
 static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
@@ -556,6 +557,7 @@ static PyMethodDef fp_methods[] = {
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
     {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
     {"read_slots_of", fp_read_slots_of, METH_O, read_slots_of_doc},
+    {"send_queued", fp_send_queued, METH_VARARGS, send_queued_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -571,9 +573,9 @@ PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
     PyObject **names[] = {&s_rounds, &s_arrived, &s_mask, &s_slots, &s_acc, &s_arrived_method, &s_chunk, &s_id,
-                          &s_lane, &s_mom, &s_weight, &s_weight_view, &s_result_view};
+                          &s_lane, &s_mom, &s_weight, &s_weight_view, &s_result_view, &s_popleft};
     const char *texts[] = {"rounds", "arrived", "mask", "slots", "acc", "_arrived", "chunk", "id",
-                           "lane", "mom", "weight", "weight_view", "result_view"};
+                           "lane", "mom", "weight", "weight_view", "result_view", "popleft"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
             return NULL;

@@ -5,8 +5,9 @@ Both the server cores and the worker's I/O thread drive many links from one sele
 
 System calls are the cost that matters here (a 32 KB chunk is one frame), so a link reads each
 payload together with the next frame's header (`recvmsg_into`, one call per frame) and sends in
-batches: parts queued while the loop handles one round of events go out in one `sendmsg` per
-link at the end of that round (`flush_links`), or as soon as a batch of `_MAX_PARTS` is full.
+batches: parts queued while the loop handles one round of events go out together at the end of
+that round (`flush_links`), or as soon as `_MAX_PARTS` are queued, gathered into few `sendmsg`
+calls by `send_queued` (C, phub/_fastpath_send.h; `send_queued_python` when it is not built).
 Two subclasses hand the data frames to the C loops of phub/_fastpath.c: a `StagedLink` reads
 many frames per system call into a staging buffer, and a `DirectLink` lets a C reader read each
 frame straight into its place (a worker's large results). The three differ only in `_read`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import collections
 import itertools
 import mmap
+import os
 import selectors
 import socket
 import time
@@ -24,7 +26,7 @@ from typing import Callable, List, Optional, Tuple
 from . import wire
 from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
-_MAX_PARTS = 64  # sendmsg takes a bounded iovec; 64 parts are 32 frames of header + chunk
+_MAX_PARTS = 64  # queued parts that are sent at once; also the Python sender's parts per sendmsg
 _DRAINED = object()  # what Link._read returns when the socket has nothing more for now
 
 
@@ -113,35 +115,23 @@ class Link:
         for EVENT_WRITE. Never raises (see `send`)."""
         if self._writing or self.closed:
             return
-        outq = self.outq
-        sendmsg = self.sock.sendmsg
-        while outq:
-            batch = outq if len(outq) <= _MAX_PARTS else list(itertools.islice(outq, _MAX_PARTS))
-            try:
-                sent = sendmsg(batch)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                # Not raised here: the caller may be serving another link. The broken socket turns
-                # readable, and reading it reports the loss, attributed to this link.
-                outq.clear()
+        try:
+            if send_queued(self.sock.fileno(), self.outq):
                 return
-            _consume(outq, sent, batch)
-        if outq:
-            self._want_write(True)
+        except OSError:
+            # Not raised here: the caller may be serving another link. The broken socket turns
+            # readable, and reading it reports the loss, attributed to this link.
+            self.outq.clear()
+            return
+        self._want_write(True)
 
     def on_writable(self) -> None:
-        outq = self.outq
-        while outq:
-            parts: List[memoryview] = list(itertools.islice(outq, _MAX_PARTS))
-            try:
-                sent = self.sock.sendmsg(parts)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                raise LinkClosed(f"send failed: {exc}", True) from None
-            _consume(outq, sent, parts)
-        self._want_write(False)
+        try:
+            drained = send_queued(self.sock.fileno(), self.outq)
+        except OSError as exc:
+            raise LinkClosed(f"send failed: {exc}", True) from None
+        if drained:
+            self._want_write(False)
 
     def service(self, mask: int) -> None:
         """Handle one selector event for this link."""
@@ -316,10 +306,28 @@ class DirectLink(Link):
         return receiver.received(wire.HEADER_BYTES)
 
 
-def _consume(outq: "collections.deque", sent: int, batch) -> None:
-    """Drop the `sent` bytes at the front of `outq`, whose first parts `batch` went to sendmsg (a
-    part sent in part leaves its tail)."""
-    if sent == sum(map(len, batch)):  # the common case, without a check per part
+def send_queued_python(fd: int, outq: "collections.deque") -> bool:
+    """`_fastpath.send_queued` in Python (the reference, and the path when it is not built): send
+    the parts queued in `outq` on the non-blocking socket `fd` as far as it takes them, `_MAX_PARTS`
+    per sendmsg; sent parts leave the queue, a part sent in part leaves its tail. True when the
+    queue is empty, False when the socket is full; OSError for any other failure."""
+    while outq:
+        batch = outq if len(outq) <= _MAX_PARTS else list(itertools.islice(outq, _MAX_PARTS))
+        try:
+            sent = os.writev(fd, batch)
+        except (BlockingIOError, InterruptedError):
+            return False
+        whole = sum(map(len, batch))
+        _consume(outq, sent, batch, whole)
+        if sent < whole:
+            return False
+    return True
+
+
+def _consume(outq: "collections.deque", sent: int, batch, whole: int) -> None:
+    """Drop the `sent` bytes at the front of `outq`, whose first parts `batch` (`whole` bytes) went
+    to sendmsg (a part sent in part leaves its tail)."""
+    if sent == whole:  # the common case, without a check per part
         if batch is outq:
             outq.clear()
         else:
@@ -336,6 +344,12 @@ def _consume(outq: "collections.deque", sent: int, batch) -> None:
             return
         sent -= size
         outq.popleft()
+
+
+try:
+    from ._fastpath import send_queued
+except ImportError:  # not built
+    send_queued = send_queued_python
 
 
 def flush_links(outbox: List[Link]) -> None:

@@ -3,12 +3,14 @@ sends are batched through an outbox (and cut short by a full socket buffer) or s
 import collections
 import selectors
 import socket
+import struct
 
 import numpy as np
 import pytest
 
 from phub.errors import ProtocolError
-from phub.transport import Link, _consume, flush_links
+from phub import transport
+from phub.transport import Link, _consume, flush_links, send_queued_python
 from phub.wire import Kind, pack_header
 
 CHUNK_BYTES = 32768
@@ -70,6 +72,69 @@ def test_what_a_send_took_leaves_the_queue_and_a_part_cut_short_leaves_its_tail(
     for sent in range(sum(map(len, parts)) + 1):
         outq = collections.deque(parts)
         batch = outq if batch_is == "the whole queue" else parts[:3]
-        taken = min(sent, sum(map(len, batch)))
-        _consume(outq, taken, batch)
+        whole = sum(map(len, batch))
+        taken = min(sent, whole)
+        _consume(outq, taken, batch, whole)
         assert b"".join(bytes(p) for p in outq) == b"".join(bytes(p) for p in parts)[taken:]
+
+
+SENDERS = [pytest.param(send_queued_python, id="python")]
+if transport.send_queued is not send_queued_python:
+    SENDERS.append(pytest.param(transport.send_queued, id="C"))
+
+
+def mixed_parts(count: int, rng) -> list:
+    """Parts of every kind a link queues: headers as bytes, payloads as views, odd and empty ones."""
+    parts = []
+    for i in range(count):
+        payload = rng.integers(0, 256, int(rng.integers(0, 70000)), dtype=np.uint8)
+        kind = i % 4
+        parts.append(bytes(rng.integers(0, 256, 32, dtype=np.uint8)))
+        parts.append(memoryview(payload) if kind == 0 else bytearray(payload) if kind == 1 else
+                     payload.tobytes() if kind == 2 else memoryview(payload)[: int(rng.integers(0, 3))])
+    return parts
+
+
+@pytest.mark.parametrize("send_queued", SENDERS)
+def test_a_queue_goes_out_whole_and_in_order_across_full_sockets(send_queued):
+    parts = mixed_parts(400, np.random.default_rng(7))  # ~14 MB, far more than the socket holds
+    expected = b"".join(bytes(p) for p in parts)
+    a, b = tcp_pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    a.setblocking(False)
+    outq, received, full = collections.deque(parts), bytearray(), 0
+    try:
+        while True:
+            drained = send_queued(a.fileno(), outq)
+            left = b"".join(bytes(p) for p in outq)
+            assert expected.endswith(left)  # what left the queue is exactly its front
+            if drained:
+                assert not outq
+                break
+            full += 1
+            received += b.recv(1 << 20)  # make room (blocks until some bytes are there)
+        a.close()
+        while True:
+            data = b.recv(1 << 20)
+            if not data:
+                break
+            received += data
+        assert full > 0  # the socket filled up: the cut-short path ran
+        assert received == expected
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("send_queued", SENDERS)
+def test_a_reset_connection_raises_and_the_queue_keeps_what_was_not_sent(send_queued):
+    a, b = tcp_pair()
+    a.setblocking(False)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    b.close()  # with a zero linger: a reset, which loopback delivers before close returns
+    parts = [b"header", memoryview(b"payload")]
+    outq = collections.deque(parts)
+    with pytest.raises(ConnectionResetError):
+        send_queued(a.fileno(), outq)
+    assert list(outq) == parts
+    a.close()
