@@ -293,3 +293,15 @@ def test_old_rows_without_verify_kind_are_kept_and_said_so():
                                  verify_kind="")]
     c = one(claims_of(rows), "PHub, alexnet, cloud10g")
     assert "dropped" not in c.reason and "1 run(s) not verified" in c.reason
+
+
+def test_a_differ_names_the_tcp_timeouts_its_runs_took():
+    rows = []
+    for system, rate, timeouts in (("phub", 100.0, [0, 3, 1]), ("pshard", 10.0, [0, 0, 0])):
+        rows += [row(experiment="scaling", system=system, workers=4, exchanges_per_s=rate * 4, compute="zero",
+                     point=f"{system}-4", repeat=r, tcp_timeouts=t) for r, t in enumerate(timeouts)]
+    pair = one(claims_of(rows), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
+    assert pair.verdict == DIFFER
+    assert "TCP retransmission timeouts (at least 200 ms each) on the emulated links in 2 of 6 runs, 4 in all" in pair.reason
+    quiet = one(claims_of([dict(r, tcp_timeouts=0) for r in rows]), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
+    assert "timeouts" not in quiet.reason and "Cause unknown." in quiet.reason

@@ -8,8 +8,10 @@ from experiments.monitor import Monitor, Sample, block, classify, summarize
 NS_W, NS_S = "net:[1]", "net:[2]"
 
 
-def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu=0.6, link_bytes_per_s=5e6):
-    """Two workers (pids 11, 12 in NS_W) and a server (pid 20 in NS_S) working at steady rates."""
+def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu=0.6, link_bytes_per_s=5e6,
+             timeouts_at=()):
+    """Two workers (pids 11, 12 in NS_W) and a server (pid 20 in NS_S) working at steady rates;
+    the server's namespace resends 10 segments a second and takes a timeout at each of `timeouts_at`."""
     out = []
     for i in range(int(seconds / period) + 1):
         t = i * period
@@ -18,7 +20,8 @@ def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu
                                  20: (server_cpu * t, "phub server")},
                           links={f"{NS_W}/veth0": (int(link_bytes_per_s * t), int(link_bytes_per_s * t / 2)),
                                  f"{NS_S}/eth0": (int(link_bytes_per_s * t / 4), 0)},
-                          pid_ns={11: NS_W, 12: NS_W, 20: NS_S}))
+                          pid_ns={11: NS_W, 12: NS_W, 20: NS_S},
+                          tcp={NS_W: (0, 0), NS_S: (int(10 * t), sum(1 for x in timeouts_at if x <= t))}))
     return out
 
 
@@ -34,6 +37,25 @@ def test_steady_rates_come_out_exactly():
     assert got["service_cpu"] == pytest.approx(0.7, abs=1e-3)
     assert got["link_utilization"] == pytest.approx(5e6 * 8 / 100e6, abs=1e-3)  # the busiest direction: worker rx
     assert got["bound"] == "mixed"  # the server used 0.7 of a core while its links were not full
+
+
+def test_tcp_losses_are_counted_between_the_samples_around_the_window_on_emulated_links_only():
+    # samples every 0.5 s, window [1.2, 2.7]: counted from the sample at 1.0 to the one at 3.0
+    samples = _samples(timeouts_at=(0.9, 1.1, 2.9, 3.2))
+    got = summarize(samples, _ranks(start=1.2, end=2.7), cores=2, host_mbit=100)
+    assert (got["tcp_retransmits"], got["tcp_timeouts"]) == (20, 2)
+    assert summarize(samples, _ranks(start=1.0, end=2.5), cores=2, host_mbit=100)["tcp_timeouts"] == 1
+    # on loopback the counters are the host's, not the run's: none are given
+    got = summarize(samples, _ranks(start=1.2, end=2.7), cores=2)
+    assert got["tcp_retransmits"] is None and got["tcp_timeouts"] is None
+
+
+def test_tcp_losses_are_read_from_this_process_namespace():
+    from experiments.monitor import _tcp_losses
+
+    resent, timeouts = _tcp_losses(os.getpid())
+    assert resent >= 0 and timeouts >= 0
+    assert _tcp_losses(2 ** 22 + 1) is None  # no such process
 
 
 def test_oracle_checks_are_taken_out_of_the_cpu_figures():

@@ -16,6 +16,10 @@ half of the span in which any was, that one) and works out:
 * ``link_utilization``: the busiest link direction of a worker or server node, bytes x 8 /
   (configured rate x timed seconds) (None on loopback, where links have no rate);
 * ``service_cpu``: the CPU of the processes that are not workers (servers, schedulers), in cores;
+* ``tcp_retransmits`` / ``tcp_timeouts``: on an emulated network, the TCP segments the run's
+  namespaces sent again and the retransmission timeouts they took (/proc/PID/net/snmp and
+  netstat), between the samples around the window: a timeout stalls its connection for at least
+  200 ms, so a slow repeat with timeouts lost time to the emulated links' drops, not to a system;
 * ``bound``: ``cpu`` when either CPU figure is >= CPU_BOUND, ``mixed`` when >= CPU_MIXED (unless
   a link ran nearly full), else ``wire`` (the emulated testbed, its links and the replayed GPU,
   set the pace, not this machine).
@@ -51,6 +55,7 @@ class Sample:
     procs: Dict[int, Tuple[float, str]] = field(default_factory=dict)  # pid -> (CPU seconds, name)
     links: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # "ns/iface" -> (rx, tx) bytes
     pid_ns: Dict[int, str] = field(default_factory=dict)  # pid -> network namespace id
+    tcp: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # namespace -> (retransmits, timeouts)
 
 
 def _machine_busy() -> float:
@@ -98,6 +103,27 @@ def _net_dev(pid: int) -> Dict[str, Tuple[int, int]]:
     return out
 
 
+def _counters(path: str, prefix: str) -> Dict[str, int]:
+    """One table of /proc/PID/net/snmp or netstat: a `prefix` line of names, then one of values."""
+    try:
+        with open(path) as f:
+            rows = [line.split()[1:] for line in f if line.startswith(prefix)]
+    except OSError:
+        return {}
+    if len(rows) < 2:
+        return {}
+    return {name: int(value) for name, value in zip(rows[0], rows[1]) if value.lstrip("-").isdigit()}
+
+
+def _tcp_losses(pid: int) -> Optional[Tuple[int, int]]:
+    """(segments retransmitted, retransmission timeouts) so far in `pid`'s network namespace."""
+    tcp = _counters(f"/proc/{pid}/net/snmp", "Tcp:")
+    ext = _counters(f"/proc/{pid}/net/netstat", "TcpExt:")
+    if "RetransSegs" not in tcp or "TCPTimeouts" not in ext:
+        return None
+    return tcp["RetransSegs"], ext["TCPTimeouts"]
+
+
 def _descendants(root: int) -> List[int]:
     children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
@@ -133,6 +159,9 @@ def take_sample(root: int, names: Dict[int, str]) -> Sample:
             seen_ns[ns] = pid
             for iface, counters in _net_dev(pid).items():
                 sample.links[f"{ns}/{iface}"] = counters
+            losses = _tcp_losses(pid)
+            if losses is not None:
+                sample.tcp[ns] = losses
     return sample
 
 
@@ -301,9 +330,24 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
         link = max(busiest_link) if busiest_link else None
     busiest_cpu = usage.get(busiest) if busiest is not None else None
     service = sum(u for pid, u in usage.items() if pid not in rank_of) if usage else None
+    losses = _losses(samples, start, end) if host_mbit else (None, None)
     return {"cpu_busy": _round(cpu_busy), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
             "service_cpu": _round(service), "link_utilization": _round(link),
-            "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed)}
+            "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed),
+            "tcp_retransmits": losses[0], "tcp_timeouts": losses[1]}
+
+
+def _losses(samples: Sequence[Sample], start: float, end: float) -> Tuple[Optional[int], Optional[int]]:
+    """The TCP retransmits and timeouts of every namespace between the last sample at or before
+    `start` and the first at or after `end` (counts of events: not interpolated, so one at the
+    window's edge is counted rather than split); (None, None) without such samples."""
+    before = [s for s in samples if s.t <= start]
+    after = [s for s in samples if s.t >= end]
+    if not before or not after or not before[-1].tcp:
+        return None, None
+    first, last = before[-1].tcp, after[0].tcp
+    common = [ns for ns in first if ns in last]
+    return (sum(last[ns][0] - first[ns][0] for ns in common), sum(last[ns][1] - first[ns][1] for ns in common))
 
 
 def _round(x: Optional[float]) -> Optional[float]:

@@ -127,10 +127,13 @@ def main() -> int:
     parser.add_argument("--shape", required=True, help="the shape's points as a JSON list (a file path)")
     parser.add_argument("--results", required=True, help="the points directory (results/points)")
     parser.add_argument("--done", required=True, help="written when every point of the shape has its CSV")
-    parser.add_argument("--progress", help="JSON list of every point's CSV path, for progress reports")
+    parser.add_argument("--progress", help="JSON list of every point's CSV path, for progress reports "
+                                           "(default: the shape's own points)")
     args = parser.parse_args()
     points = json.loads(Path(args.shape).read_text())
-    progress = json.loads(Path(args.progress).read_text()) if args.progress else []
+    # Without the grid's list, progress counts this shape's points.
+    progress = (json.loads(Path(args.progress).read_text()) if args.progress
+                else [str(csv_path(Path(args.results), point)) for point in points])
     try:
         status = run_shape(points, Path(args.results), progress)
     except KeyboardInterrupt:  # SIGINT, or SIGTERM turned into it by the rack: torn down by now

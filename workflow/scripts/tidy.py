@@ -14,7 +14,7 @@ COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interf
            "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
            "verify_kind", "bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "service_cpu",
-           "link_utilization", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
+           "link_utilization", "tcp_retransmits", "tcp_timeouts", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
 
 
 def git_commit() -> str:
@@ -68,7 +68,8 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
         "bound": bound.get("bound", ""), "cpu_busy": _opt(bound.get("cpu_busy")),
         "busiest_process": bound.get("busiest_process", ""),
         "busiest_process_cpu": _opt(bound.get("busiest_process_cpu")), "service_cpu": _opt(bound.get("service_cpu")),
-        "link_utilization": _opt(bound.get("link_utilization")), "chunks_per_s_per_core": rate,
+        "link_utilization": _opt(bound.get("link_utilization")), "tcp_retransmits": _opt(bound.get("tcp_retransmits")),
+        "tcp_timeouts": _opt(bound.get("tcp_timeouts")), "chunks_per_s_per_core": rate,
         "shared_with": shared_with, "measurement": point["measurement"], "git_commit": commit, "host": platform.node(),
     }
 

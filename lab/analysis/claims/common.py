@@ -62,6 +62,12 @@ def causes(rows: pd.DataFrame, paper_workers: int = PAPER_WORKERS) -> str:
         used = rows["link_utilization"].dropna()
         if len(used) and used.median() < 0.5:
             found.append(f"busiest link only {used.median():.0%} used")
+    if "tcp_timeouts" in rows:
+        counted = rows["tcp_timeouts"].dropna()
+        stalled = counted[counted > 0]
+        if len(stalled):
+            found.append(f"TCP retransmission timeouts (at least 200 ms each) on the emulated links in "
+                         f"{len(stalled)} of {len(counted)} runs, {int(stalled.sum())} in all")
     return "; ".join(found) if found else CAUSE_UNKNOWN
 
 
