@@ -62,13 +62,37 @@ def causes(rows: pd.DataFrame, paper_workers: int = PAPER_WORKERS) -> str:
         used = rows["link_utilization"].dropna()
         if len(used) and used.median() < 0.5:
             found.append(f"busiest link only {used.median():.0%} used")
-    if "tcp_timeouts" in rows:
-        counted = rows["tcp_timeouts"].dropna()
-        stalled = counted[counted > 0]
-        if len(stalled):
-            found.append(f"TCP retransmission timeouts (at least 200 ms each) on the emulated links in "
-                         f"{len(stalled)} of {len(counted)} runs, {int(stalled.sum())} in all")
+    stalls = tcp_stalls(rows)
+    if stalls:
+        found.append(stalls)
     return "; ".join(found) if found else CAUSE_UNKNOWN
+
+
+STALLED = 1.1  # a run with TCP timeouts this much slower than its point's runs without them lost time to them
+
+
+def tcp_stalls(rows: pd.DataFrame) -> str:
+    """The TCP retransmission timeouts the rows' runs took on the emulated links, in words, when
+    they cost time: some run with timeouts took at least STALLED times the median of its point's
+    runs without any, or no run with timeouts can be compared so (each of its point's repeats took
+    some); "" otherwise."""
+    if "tcp_timeouts" not in rows:
+        return ""
+    counted = rows.dropna(subset=["tcp_timeouts", "seconds_per_iteration"])
+    hit = counted[counted["tcp_timeouts"] > 0]
+    if hit.empty:
+        return ""
+    slower = []
+    for _, point in counted.groupby(["experiment", "point"]):
+        clean = point.loc[point["tcp_timeouts"] == 0, "seconds_per_iteration"].median()
+        slower += [s / clean for s in point.loc[point["tcp_timeouts"] > 0, "seconds_per_iteration"] if clean > 0]
+    if slower and max(slower) < STALLED:
+        return ""  # the runs that can be compared kept their points' pace
+    text = (f"TCP retransmission timeouts (at least 200 ms each) on the emulated links in {len(hit)} of "
+            f"{len(counted)} runs, {int(hit['tcp_timeouts'].sum())} in all")
+    if slower:
+        text += f"; those runs took {min(slower):.2f}–{max(slower):.2f} × their points' runs without"
+    return text
 
 
 def setup(rows: pd.DataFrame) -> str:
