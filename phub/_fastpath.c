@@ -18,10 +18,12 @@
  * same float32 operations in the same order as JobState.on_push with the kernels of
  * phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python path.
  *
- * `finish_rounds` then does what JobState.finish_round and TcpServerPath.send_result do for the
- * rounds of a job on one rack whose lane runs NAG or SGD: the optimizer pass (the loops of
- * _kernels.h, as the kernels the Python path calls), the round's bookkeeping, and the RESULT
- * frames, queued per lane for the caller to send. Any other round it hands back untouched.
+ * Given the lane's optimizers and a dict for the frames (a job on one rack whose lane runs NAG
+ * or SGD), `drain_pushes` also finishes the rounds it completes as JobState.finish_round and
+ * TcpServerPath.send_result do (_fastpath_rounds.h): the optimizer pass (the loops of _kernels.h,
+ * as the kernels the Python path calls) straight from the round's last copy where it landed, the
+ * round's bookkeeping, and the RESULT frames, queued per lane for the caller to send. Any other
+ * round (a chunk's first, whose momentum Python allocates) it hands back as above.
  *
  * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
  * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
@@ -193,6 +195,34 @@ get_floats(PyObject *array, Py_ssize_t nbytes, Py_buffer *view)
     return 0;
 }
 
+#include "_fastpath_rounds.h"
+
+/* Finish the round that the push at `payload` completes, reading that push where it landed in
+ * the staging buffer (finish_round_of): the sum is the other workers' copies (slots[first] with
+ * two workers, the state's acc with more) and this one. 1 done, 0 left to the usual path (nothing
+ * changed), -1 error. */
+static int
+finish_in_place(PyObject *state, PyObject *slots, long long before, long long num_workers, const unsigned char *payload,
+                Py_ssize_t nbytes, long long rounds, uint32_t chunk, PyObject *lane, uint32_t job, PyObject *params,
+                PyObject *parts, parsed_optimizer *parsed)
+{
+    const float *mine = (const float *)payload;
+    if (num_workers == 1) {
+        return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, params, parts, parsed);
+    }
+    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, 63 - __builtin_clzll((unsigned long long)before)))
+                                         : get_attr(state, s_acc);
+    Py_buffer acc;
+    int status = acc_obj == NULL ? -1 : get_floats(acc_obj, nbytes, &acc);
+    Py_XDECREF(acc_obj);
+    if (status < 0) {
+        return -1;
+    }
+    status = finish_round_of(state, lane, chunk, rounds, (const float *)acc.buf, mine, nbytes, job, params, parts, parsed);
+    PyBuffer_Release(&acc);
+    return status;
+}
+
 /* Fold one landed push (`mine`: slots[rank], or the payload in the staging buffer when it
  * completes the round) into its chunk; append to `completed` when the round is complete. Mirrors
  * JobState.on_push. Returns -1 with an exception set on failure. */
@@ -266,13 +296,18 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
 }
 
 PyDoc_STRVAR(drain_pushes_doc,
-"drain_pushes(staging, start, end, job, sender, lane, rank, num_workers, table, states, completed)\n--\n\n"
+"drain_pushes(staging, start, end, job, sender, lane, rank, num_workers, table, states, completed,\n"
+"             optimizers=None, parts=None)\n--\n\n"
 "Handle the complete, in-turn PUSH frames of one worker connection found in staging[start:end].\n"
 "Returns (offset, stopped_at_frame): the offset of the first byte not consumed, and whether a\n"
 "frame this loop does not handle starts there (False: the bytes there are an incomplete frame).\n"
 "`table` is the job's int32 (chunks, 3) array [lane, payload bytes, ready]; `states` the list of\n"
-"ChunkState by chunk id; completed rounds are appended to `completed` as (state, acc, last),\n"
-"where the round's last copy may be a view of staging: finish them before staging changes.");
+"ChunkState by chunk id. With `optimizers` (JobState.loop_optimizers) and `parts` (a dict), a\n"
+"round it completes on a lane that runs NAG or SGD is finished here, as JobState.finish_round and\n"
+"TcpServerPath.send_result would: the RESULT frames go on parts[lane], a small one copied onto a\n"
+"bytearray, a larger one as header and weights view. Every other completed round is appended\n"
+"to `completed` as (state, acc, last), where the round's last copy may be a view of staging:\n"
+"finish them before staging changes.");
 
 static PyObject *
 fp_drain_pushes(PyObject *self, PyObject *args)
@@ -282,14 +317,34 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     unsigned int job, sender;
     int lane;
     long long rank, num_workers;
-    PyObject *states, *completed;
+    PyObject *states, *completed, *optimizers = Py_None, *parts = Py_None;
     PyObject *staging_obj = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : NULL;
-    if (!PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!:drain_pushes", &staging, &start, &end, &job, &sender,
+    if (!PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!|OO:drain_pushes", &staging, &start, &end, &job, &sender,
                           &lane, &rank, &num_workers, &table, &PyList_Type, &states, &PyList_Type,
-                          &completed)) {
+                          &completed, &optimizers, &parts)) {
         return NULL;
     }
     PyObject *result = NULL, *staging_view = NULL; /* a memoryview of staging, made on first use */
+    /* The lane's optimizer, when this call finishes the rounds it completes (see finish_in_place) */
+    PyObject *lane_key = NULL, *params = NULL;
+    parsed_optimizer parsed = {NULL, 0, {0}};
+    if (optimizers != Py_None || parts != Py_None) {
+        if (!PyDict_Check(optimizers) || !PyDict_Check(parts)) {
+            PyErr_SetString(PyExc_TypeError, "drain_pushes: optimizers and parts must both be dicts");
+            goto done;
+        }
+        if ((lane_key = PyLong_FromLong(lane)) == NULL) {
+            goto done;
+        }
+        params = PyDict_GetItemWithError(optimizers, lane_key); /* borrowed: the dict holds it */
+        int usable = params == NULL ? (PyErr_Occurred() ? -1 : 0) : get_optimizer(params, &parsed);
+        if (usable < 0) {
+            goto done;
+        }
+        if (usable == 0) {
+            params = NULL; /* not one this loop runs: every round goes to `completed` */
+        }
+    }
     int stopped_at_frame = 0;
     if (start < 0 || end > staging.len || start > end || table.len % (TABLE_COLUMNS * 4) != 0 ||
         rank < 0 || rank >= num_workers || num_workers > 63) {
@@ -338,8 +393,21 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         }
         long long before = mask;
         arrived += 1;
+        const int aligned = ((uintptr_t)(h + HEADER_BYTES) & (sizeof(float) - 1)) == 0;
+        if (arrived == num_workers && aligned && params != NULL) {
+            int finished = finish_in_place(state, slots, before, num_workers, h + HEADER_BYTES, (Py_ssize_t)length, rounds,
+                                           chunk, lane_key, job, params, parts, &parsed);
+            if (finished != 0) {
+                Py_DECREF(slots);
+                if (finished < 0) {
+                    goto done;
+                }
+                start += HEADER_BYTES + (Py_ssize_t)length;
+                continue;
+            }
+        }
         PyObject *mine;
-        if (arrived == num_workers && ((uintptr_t)(h + HEADER_BYTES) & (sizeof(float) - 1)) == 0) {
+        if (arrived == num_workers && aligned) {
             /* The round's last copy: the kernel reads it where it landed, one copy fewer. Safe
              * because the caller finishes the completed rounds before the staging buffer is read
              * into again (see fast_pushes); a control frame of odd length before it leaves the
@@ -375,6 +443,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     result = Py_BuildValue("nO", start, stopped_at_frame ? Py_True : Py_False);
 done:
     Py_XDECREF(staging_view);
+    Py_XDECREF(lane_key);
     PyBuffer_Release(&staging);
     PyBuffer_Release(&table);
     return result;
@@ -547,13 +616,11 @@ done:
     return result;
 }
 
-#include "_fastpath_rounds.h"
 #include "_fastpath_direct.h"
 #include "_fastpath_send.h"
 
 static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
-    {"finish_rounds", fp_finish_rounds, METH_VARARGS, finish_rounds_doc},
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
     {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
     {"read_slots_of", fp_read_slots_of, METH_O, read_slots_of_doc},

@@ -1,7 +1,8 @@
 /*
- * phub._fastpath, continued: `finish_rounds`, which finishes in C the rounds drain_pushes
- * completed (see the top of _fastpath.c). Included by _fastpath.c, after the helpers it uses
- * (get_int, set_int, get_floats, the interned attribute names): one translation unit, two files.
+ * phub._fastpath, continued: how drain_pushes finishes in C the rounds it completes on a lane
+ * that runs NAG or SGD (see the top of _fastpath.c): the optimizer pass, the bookkeeping and the
+ * RESULT frames. Included by _fastpath.c before drain_pushes, after the helpers it uses (get_int,
+ * set_int, get_floats, the interned attribute names): one translation unit, several files.
  */
 #ifndef PHUB_FASTPATH_ROUNDS_H
 #define PHUB_FASTPATH_ROUNDS_H
@@ -122,25 +123,24 @@ queue_result(PyObject *parts, PyObject *lane, uint32_t job, uint32_t chunk, uint
     return status;
 }
 
-/* Finish one completed round if this loop can: 1 done, 0 left to Python, -1 error. */
+/* Finish a completed round of `state` (chunk `cid` on `lane`, after `rounds` rounds) as
+ * JobState.finish_round and TcpServerPath.send_result would, if this loop can: the optimizer pass
+ * over `nbytes` of the weights with the sum `acc` + `last` (`last` NULL: `acc` alone, one
+ * worker), the bookkeeping, and the RESULT frame on parts[lane]. `params`: the lane's entry of
+ * JobState.loop_optimizers (borrowed). 1 done, 0 left to Python (nothing changed), -1 error. */
 static int
-finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts, parsed_optimizer *parsed)
+finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds, const float *acc,
+                const float *last, Py_ssize_t nbytes, uint32_t job, PyObject *params, PyObject *parts,
+                parsed_optimizer *parsed)
 {
-    PyObject *state = PyTuple_GET_ITEM(item, 0), *acc_obj = PyTuple_GET_ITEM(item, 1);
-    PyObject *last_obj = PyTuple_GET_ITEM(item, 2);
-    PyObject *chunk = NULL, *lane = NULL, *mom_obj = NULL, *weight_obj = NULL, *view = NULL, *shown = NULL;
-    Py_buffer w = {0}, m = {0}, a = {0}, l = {0};
-    int done = -1;
-    if ((chunk = get_attr(state, s_chunk)) == NULL || (lane = PyObject_GetAttr(chunk, s_lane)) == NULL) {
-        goto out;
-    }
-    PyObject *params = PyDict_GetItemWithError(optimizers, lane); /* borrowed */
-    int usable = params == NULL ? (PyErr_Occurred() ? -1 : 0) : get_optimizer(params, parsed);
+    int usable = get_optimizer(params, parsed);
     if (usable <= 0) {
-        done = usable;
-        goto out;
+        return usable;
     }
     const fast_optimizer opt = parsed->opt;
+    PyObject *mom_obj = NULL, *weight_obj = NULL, *view = NULL, *shown = NULL;
+    Py_buffer w = {0}, m = {0};
+    int done = -1;
     if ((mom_obj = get_attr(state, s_mom)) == NULL || (view = get_attr(state, s_weight_view)) == NULL ||
         (shown = get_attr(state, s_result_view)) == NULL) {
         goto out;
@@ -150,24 +150,17 @@ finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts, 
         done = 0; /* its first round (momentum to allocate) or a result of its own: finish_round */
         goto out;
     }
-    long long cid = get_int(chunk, s_id), rounds = cid < 0 ? -1 : get_int(state, s_rounds);
-    if (cid < 0 || rounds < 0 || (weight_obj = get_attr(state, s_weight)) == NULL ||
-        PyObject_GetBuffer(weight_obj, &w, PyBUF_WRITABLE) < 0) {
+    if ((weight_obj = get_attr(state, s_weight)) == NULL || get_floats(weight_obj, nbytes, &w) < 0 ||
+        (needs_mom && get_floats(mom_obj, nbytes, &m) < 0)) {
         goto out;
     }
-    if (get_floats(acc_obj, w.len, &a) < 0 || (last_obj != Py_None && get_floats(last_obj, w.len, &l) < 0) ||
-        (needs_mom && get_floats(mom_obj, w.len, &m) < 0)) {
-        goto out;
-    }
-    const Py_ssize_t n = w.len / (Py_ssize_t)sizeof(float);
+    const Py_ssize_t n = nbytes / (Py_ssize_t)sizeof(float);
     float *mom = needs_mom ? (float *)m.buf : NULL;
-    const float *last = last_obj != Py_None ? (const float *)l.buf : NULL;
     if (opt.kind == OPT_NAG) {
-        nag_pass((float *)w.buf, mom, (const float *)a.buf, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
+        nag_pass((float *)w.buf, mom, acc, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
     } else {
-        sgd_pass((float *)w.buf, mom, (const float *)a.buf, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
+        sgd_pass((float *)w.buf, mom, acc, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
     }
-    /* JobState.finish_round's bookkeeping, then TcpServerPath.send_result's frame */
     if (set_int(state, s_rounds, rounds + 1) < 0 || set_int(state, s_arrived, 0) < 0 || set_int(state, s_mask, 0) < 0 ||
         queue_result(parts, lane, job, (uint32_t)cid, (uint32_t)(rounds + 1), &w, view) < 0) {
         goto out;
@@ -176,45 +169,11 @@ finish_one(PyObject *item, uint32_t job, PyObject *optimizers, PyObject *parts, 
 out:
     release_acquired(&w);
     release_acquired(&m);
-    release_acquired(&a);
-    release_acquired(&l);
-    Py_XDECREF(chunk);
-    Py_XDECREF(lane);
     Py_XDECREF(mom_obj);
     Py_XDECREF(weight_obj);
     Py_XDECREF(view);
     Py_XDECREF(shown);
     return done;
-}
-
-PyDoc_STRVAR(finish_rounds_doc,
-"finish_rounds(completed, job, optimizers, parts)\n--\n\n"
-"Finish the rounds drain_pushes completed (a list of (state, acc, last)) as JobState.finish_round\n"
-"and TcpServerPath.send_result would, for every lane whose entry in `optimizers` (lane ->\n"
-"Optimizer.loop_params(): kind 1 NAG or 2 SGD, or None) this loop runs: the RESULT frames go on\n"
-"parts[lane], a small one copied onto a bytearray, a larger one as header and weights view.\n"
-"Returns the rounds left to Python, in order.");
-
-static PyObject *
-fp_finish_rounds(PyObject *self, PyObject *args)
-{
-    PyObject *completed, *optimizers, *parts;
-    unsigned int job;
-    if (!PyArg_ParseTuple(args, "O!IO!O!:finish_rounds", &PyList_Type, &completed, &job, &PyDict_Type, &optimizers,
-                          &PyDict_Type, &parts)) {
-        return NULL;
-    }
-    PyObject *rest = PyList_New(0);
-    parsed_optimizer parsed = {NULL, 0, {0}};
-    for (Py_ssize_t i = 0; rest != NULL && i < PyList_GET_SIZE(completed); i++) {
-        PyObject *item = PyList_GET_ITEM(completed, i);
-        int done = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? finish_one(item, job, optimizers, parts, &parsed)
-                                                                        : 0;
-        if (done < 0 || (done == 0 && PyList_Append(rest, item) < 0)) {
-            Py_CLEAR(rest);
-        }
-    }
-    return rest;
 }
 
 #endif /* PHUB_FASTPATH_ROUNDS_H */

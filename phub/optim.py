@@ -38,8 +38,8 @@ class Optimizer:
         raise NotImplementedError  # pragma: no cover
 
     def loop_params(self):
-        """What a core's C loop needs to run this optimizer itself (phub/_fastpath.c,
-        finish_rounds): (kind, needs_momentum, lr, momentum, wd, rescale_grad, clip_gradient),
+        """What a core's C loop needs to run this optimizer itself (phub/_fastpath_rounds.h):
+        (kind, needs_momentum, lr, momentum, wd, rescale_grad, clip_gradient),
         or None when it leaves the optimizer to `apply`."""
         if self.loop_kind is None:
             return None

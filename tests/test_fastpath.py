@@ -51,11 +51,13 @@ def push_frame(cid: int, grad: np.ndarray, rank: int, iteration: int, kind=wire.
     return wire.pack_header(kind, job, rank, cid, iteration, grad.nbytes) + grad.tobytes()
 
 
-def drain(state: JobState, staging: bytearray, lane: int, rank: int, start: int = 0, end=None, job=0):
+def drain(state: JobState, staging: bytearray, lane: int, rank: int, start: int = 0, end=None, job=0, parts=None):
+    """drain_pushes on `staging`; with `parts` (a dict) it also finishes the rounds it can."""
     completed = []
+    finishing = () if parts is None else (state.loop_optimizers, parts)
     offset, at_frame = fastpath.drain_pushes(staging, start, len(staging) if end is None else end, job, rank,
                                              lane, rank, state.num_workers, state.fast_table, state.fast_states,
-                                             completed)
+                                             completed, *finishing)
     return offset, at_frame, completed
 
 
@@ -136,11 +138,13 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
 @pytest.mark.parametrize("chunk_bytes", [1024, 4 * CHUNK_BYTES], ids=["copied results", "mixed"])
-def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer, chunk_bytes):
+@pytest.mark.parametrize("misalign", [0, 2])
+def test_drain_pushes_finishes_rounds_as_the_python_path_does(workers, optimizer, chunk_bytes, misalign):
     """Weights, momentum, round bookkeeping and the RESULT frames sent, byte for byte; the first
-    round of a chunk (momentum not yet allocated) and an optimizer the loop does not run are
-    handed back, and the Python path finishes those. Chunks of up to 2 KB go out as copies, larger
-    ones from the weights: with 16 KB chunks the keys' short last chunks mix the two."""
+    round of a chunk (momentum not yet allocated), an optimizer the loop does not run and a last
+    copy that is not float-aligned in the staging buffer (behind `misalign` bytes) are handed
+    back, and the Python path finishes those. Chunks of up to 2 KB go out as copies, larger ones
+    from the weights: with 16 KB chunks the keys' short last chunks mix the two."""
     python, fast = ready_state(workers, chunk_bytes=chunk_bytes), ready_state(workers, chunk_bytes=chunk_bytes)
     lane = min(fast.lanes)
     for state in (python, fast):
@@ -148,9 +152,9 @@ def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer,
     links = {"python": [Recorder() for _ in range(workers)], "fast": [Recorder() for _ in range(workers)]}
     chunks = [s for s in fast.owned.values() if s.chunk.lane == lane]
     for iteration in (1, 2, 3):
-        completed = []
+        parts, completed = {}, []
         for rank in range(workers):
-            frames = bytearray()
+            frames = bytearray(b"\0" * misalign)
             for s in chunks:
                 grad = gradient(s.chunk.id, s.chunk.size, rank, iteration)
                 header = wire.Header(wire.Kind.PUSH, 0, rank, s.chunk.id, iteration, grad.nbytes)
@@ -158,13 +162,15 @@ def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer,
                 for event in python.on_push(rank, header):
                     TcpServerPath(0).send_result(event.state, links["python"])
                 frames += push_frame(s.chunk.id, grad, rank, iteration)
-            completed += drain(fast, frames, lane, rank)[2]
-        parts = {}
-        rest = fastpath.finish_rounds(completed, 0, fast.loop_optimizers, parts)
-        in_python = iteration == 1 and optimizer.needs_momentum or optimizer.loop_params() is None
-        assert rest == (completed if in_python else [])
+            offset, at_frame, handed_back = drain(fast, memoryview(frames), lane, rank, start=misalign, parts=parts)
+            assert (offset, at_frame) == (len(frames), False)
+            for chunk_state, acc, last in handed_back:  # before the staging buffer is reused
+                completed.append((chunk_state, np.array(acc), None if last is None else np.array(last)))
+        in_python = iteration == 1 and optimizer.needs_momentum or optimizer.loop_params() is None or misalign
+        assert len(completed) == (len(chunks) if in_python else 0)
+        assert not parts if in_python else list(parts) == [lane]
         TcpServerPath(0).send_result_frames(parts, {lane: links["fast"]})
-        for chunk_state, acc, last in rest:
+        for chunk_state, acc, last in completed:
             fast.finish_round(chunk_state, acc, last)
             TcpServerPath(0).send_result(chunk_state, links["fast"])
     assert [link.sent for link in links["fast"]] == [link.sent for link in links["python"]]
@@ -173,6 +179,16 @@ def test_finish_rounds_finishes_them_as_the_python_path_does(workers, optimizer,
         assert (s.rounds, s.arrived, s.mask) == (p.rounds, p.arrived, p.mask) == (3, 0, 0)
         assert s.weight.tobytes() == p.weight.tobytes()
         assert (s.mom is None) == (p.mom is None) and (s.mom is None or s.mom.tobytes() == p.mom.tobytes())
+
+
+def test_drain_pushes_wants_both_or_neither_of_optimizers_and_parts():
+    state = ready_state(2)
+    lane, s = first_chunk(state)
+    frame = bytearray(push_frame(s.chunk.id, gradient(s.chunk.id, s.chunk.size, 0, 1), 0, 1))
+    with pytest.raises(TypeError, match="both be dicts"):
+        fastpath.drain_pushes(frame, 0, len(frame), 0, 0, lane, 0, 2, state.fast_table, state.fast_states, [],
+                              state.loop_optimizers, None)
+    assert (s.rounds, s.arrived, s.mask) == (0, 0, 0)  # refused before anything was read
 
 
 def first_chunk(state: JobState):

@@ -38,9 +38,9 @@ from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import Job, Peer, RefusalLog
 
 try:
-    from .._fastpath import drain_pushes, finish_rounds, read_slots_of
+    from .._fastpath import drain_pushes, read_slots_of
 except ImportError:  # not built: every frame takes the Python path
-    drain_pushes = finish_rounds = None
+    drain_pushes = None
 else:
     read_slots_of(ChunkState)  # the C loops read a chunk's round state where its slots keep it
 
@@ -241,18 +241,20 @@ class CoreProtocol:
             return start, True
         state = job.state
         completed: list = []
+        # One rack: the C loop optimizes the rounds it completes and builds their RESULT frames
+        # (lane -> the frames' parts); with racks to combine, every round goes to `completed`.
+        results = {} if state.finishes_rounds_here else None
         offset, at_frame = drain_pushes(staging, start, end, job.spec.job_id, peer.rank, peer.lane, peer.local,
-                                        state.num_workers, state.fast_table, state.fast_states, completed)
+                                        state.num_workers, state.fast_table, state.fast_states, completed,
+                                        state.loop_optimizers if results is not None else None, results)
         if offset != start:
             job.last_progress = self.clock()
             # A round's `last` may be a view of `staging`: every completed round is finished here,
             # before the link reads into the buffer again.
-            if state.finishes_rounds_here:  # one rack: optimize and send back, no events to sort
-                results: dict = {}  # lane -> the RESULT frames' parts of the rounds the C loop finished
-                rest = finish_rounds(completed, job.spec.job_id, state.loop_optimizers, results)
+            if results is not None:  # no events to sort: optimize and send back
                 job.data.send_result_frames(results, job.links)
                 finish, send = state.finish_round, self._send_result
-                for chunk, acc, last in rest:
+                for chunk, acc, last in completed:
                     finish(chunk, acc, last)
                     send(job, chunk)
             else:
