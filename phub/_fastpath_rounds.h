@@ -176,4 +176,30 @@ out:
     return done;
 }
 
+/* Finish the round that the push at `payload` completes, reading that push where it landed in
+ * the staging buffer (finish_round_of): the sum is the other workers' copies (slots[first] with
+ * two workers, the state's acc with more) and this one. 1 done, 0 left to the usual path (nothing
+ * changed), -1 error. */
+static int
+finish_in_place(PyObject *state, PyObject *slots, long long before, long long num_workers, const unsigned char *payload,
+                Py_ssize_t nbytes, long long rounds, uint32_t chunk, PyObject *lane, uint32_t job, PyObject *params,
+                PyObject *parts, parsed_optimizer *parsed)
+{
+    const float *mine = (const float *)payload;
+    if (num_workers == 1) {
+        return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, params, parts, parsed);
+    }
+    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, 63 - __builtin_clzll((unsigned long long)before)))
+                                         : get_attr(state, s_acc);
+    Py_buffer acc;
+    int status = acc_obj == NULL ? -1 : get_floats(acc_obj, nbytes, &acc);
+    Py_XDECREF(acc_obj);
+    if (status < 0) {
+        return -1;
+    }
+    status = finish_round_of(state, lane, chunk, rounds, (const float *)acc.buf, mine, nbytes, job, params, parts, parsed);
+    PyBuffer_Release(&acc);
+    return status;
+}
+
 #endif /* PHUB_FASTPATH_ROUNDS_H */
