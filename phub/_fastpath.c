@@ -180,6 +180,14 @@ set_int(PyObject *obj, PyObject *name, long long value)
     return status;
 }
 
+/* The rank whose copy arrived first in a round whose arrival mask is `mask` (with two workers,
+ * the only bit set before the second copy). */
+static inline int
+first_arrival(long long mask)
+{
+    return 63 - __builtin_clzll((unsigned long long)mask);
+}
+
 /* A writable float32 view of exactly `nbytes` bytes; -1 with an exception set otherwise. */
 static int
 get_floats(PyObject *array, Py_ssize_t nbytes, Py_buffer *view)
@@ -210,8 +218,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
             acc = mine;
             last = Py_None;
         } else if (arrived == 2) {
-            int first = 63 - __builtin_clzll((unsigned long long)before);
-            acc = PyList_GET_ITEM(slots, first);
+            acc = PyList_GET_ITEM(slots, first_arrival(before));
         } else {
             acc = get_attr(state, s_acc);
             if (acc == NULL) {
@@ -248,8 +255,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
     const float *s = (const float *)src.buf;
     const Py_ssize_t n = nbytes / (Py_ssize_t)sizeof(float);
     if (arrived == 2) { /* acc = first + second, as scale(acc, first, second, 1.0) */
-        int index = 63 - __builtin_clzll((unsigned long long)before);
-        if (get_floats(PyList_GET_ITEM(slots, index), nbytes, &first) < 0) {
+        if (get_floats(PyList_GET_ITEM(slots, first_arrival(before)), nbytes, &first) < 0) {
             PyBuffer_Release(&acc);
             PyBuffer_Release(&src);
             return -1;
@@ -300,8 +306,9 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     }
     PyObject *result = NULL, *staging_view = NULL; /* a memoryview of staging, made on first use */
     /* The lane's optimizer, when this call finishes the rounds it completes (see finish_in_place) */
-    PyObject *lane_key = NULL, *params = NULL;
-    parsed_optimizer parsed = {NULL, 0, {0}};
+    PyObject *lane_key = NULL;
+    fast_optimizer optimizer;
+    int finishing = 0; /* 1 when the lane runs an optimizer this loop runs */
     if (optimizers != Py_None || parts != Py_None) {
         if (!PyDict_Check(optimizers) || !PyDict_Check(parts)) {
             PyErr_SetString(PyExc_TypeError, "drain_pushes: optimizers and parts must both be dicts");
@@ -310,13 +317,10 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         if ((lane_key = PyLong_FromLong(lane)) == NULL) {
             goto done;
         }
-        params = PyDict_GetItemWithError(optimizers, lane_key); /* borrowed: the dict holds it */
-        int usable = params == NULL ? (PyErr_Occurred() ? -1 : 0) : get_optimizer(params, &parsed);
-        if (usable < 0) {
+        PyObject *params = PyDict_GetItemWithError(optimizers, lane_key); /* borrowed */
+        finishing = params == NULL ? (PyErr_Occurred() ? -1 : 0) : parse_optimizer(params, &optimizer);
+        if (finishing < 0) {
             goto done;
-        }
-        if (usable == 0) {
-            params = NULL; /* not one this loop runs: every round goes to `completed` */
         }
     }
     int stopped_at_frame = 0;
@@ -368,9 +372,9 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         long long before = mask;
         arrived += 1;
         const int aligned = ((uintptr_t)(h + HEADER_BYTES) & (sizeof(float) - 1)) == 0;
-        if (arrived == num_workers && aligned && params != NULL) {
+        if (arrived == num_workers && aligned && finishing) {
             int finished = finish_in_place(state, slots, before, num_workers, h + HEADER_BYTES, (Py_ssize_t)length, rounds,
-                                           chunk, lane_key, job, params, parts, &parsed);
+                                           chunk, lane_key, job, &optimizer, parts);
             if (finished != 0) {
                 Py_DECREF(slots);
                 if (finished < 0) {

@@ -25,31 +25,19 @@ typedef struct {
     float lr, mu, wd, rescale, clip;
 } fast_optimizer;
 
-/* The optimizer parameters parsed last, by the tuple they came from: the rounds of one call
- * mostly share their lane's, and parsing them per round cost more than the rest of a round's
- * bookkeeping at small chunks. */
-typedef struct {
-    PyObject *params; /* borrowed: `optimizers` holds it for the whole call */
-    int usable;
-    fast_optimizer opt;
-} parsed_optimizer;
-
-/* Parse one; 0 when it is not one this loop runs, -1 with an exception set on a malformed one. */
+/* Parse one (once per drain_pushes call: a call's pushes are all of one lane); 1 when this
+ * loop runs it, 0 when not (None, or another kind), -1 with an exception set on a malformed one. */
 static int
-get_optimizer(PyObject *params, parsed_optimizer *parsed)
+parse_optimizer(PyObject *params, fast_optimizer *opt)
 {
-    if (params == parsed->params) {
-        return parsed->usable;
+    if (params == Py_None) {
+        return 0;
     }
-    fast_optimizer *opt = &parsed->opt;
-    int usable = params != Py_None;
-    if (usable && !PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd,
-                                    &opt->rescale, &opt->clip)) {
+    if (!PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd,
+                          &opt->rescale, &opt->clip)) {
         return -1;
     }
-    parsed->params = params;
-    parsed->usable = usable && (opt->kind == OPT_NAG || opt->kind == OPT_SGD);
-    return parsed->usable;
+    return opt->kind == OPT_NAG || opt->kind == OPT_SGD;
 }
 
 /* Results this small travel as one copy, header and payload side by side in one buffer per
@@ -126,18 +114,13 @@ queue_result(PyObject *parts, PyObject *lane, uint32_t job, uint32_t chunk, uint
 /* Finish a completed round of `state` (chunk `cid` on `lane`, after `rounds` rounds) as
  * JobState.finish_round and TcpServerPath.send_result would, if this loop can: the optimizer pass
  * over `nbytes` of the weights with the sum `acc` + `last` (`last` NULL: `acc` alone, one
- * worker), the bookkeeping, and the RESULT frame on parts[lane]. `params`: the lane's entry of
- * JobState.loop_optimizers (borrowed). 1 done, 0 left to Python (nothing changed), -1 error. */
+ * worker), the bookkeeping, and the RESULT frame on parts[lane]. `opt`: the lane's optimizer, one
+ * this loop runs. 1 done, 0 left to Python (nothing changed), -1 error. */
 static int
 finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds, const float *acc,
-                const float *last, Py_ssize_t nbytes, uint32_t job, PyObject *params, PyObject *parts,
-                parsed_optimizer *parsed)
+                const float *last, Py_ssize_t nbytes, uint32_t job, const fast_optimizer *optimizer, PyObject *parts)
 {
-    int usable = get_optimizer(params, parsed);
-    if (usable <= 0) {
-        return usable;
-    }
-    const fast_optimizer opt = parsed->opt;
+    const fast_optimizer opt = *optimizer;
     PyObject *mom_obj = NULL, *weight_obj = NULL, *view = NULL, *shown = NULL;
     Py_buffer w = {0}, m = {0};
     int done = -1;
@@ -182,22 +165,21 @@ out:
  * changed), -1 error. */
 static int
 finish_in_place(PyObject *state, PyObject *slots, long long before, long long num_workers, const unsigned char *payload,
-                Py_ssize_t nbytes, long long rounds, uint32_t chunk, PyObject *lane, uint32_t job, PyObject *params,
-                PyObject *parts, parsed_optimizer *parsed)
+                Py_ssize_t nbytes, long long rounds, uint32_t chunk, PyObject *lane, uint32_t job,
+                const fast_optimizer *opt, PyObject *parts)
 {
     const float *mine = (const float *)payload;
     if (num_workers == 1) {
-        return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, params, parts, parsed);
+        return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, opt, parts);
     }
-    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, 63 - __builtin_clzll((unsigned long long)before)))
-                                         : get_attr(state, s_acc);
+    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, first_arrival(before))) : get_attr(state, s_acc);
     Py_buffer acc;
     int status = acc_obj == NULL ? -1 : get_floats(acc_obj, nbytes, &acc);
     Py_XDECREF(acc_obj);
     if (status < 0) {
         return -1;
     }
-    status = finish_round_of(state, lane, chunk, rounds, (const float *)acc.buf, mine, nbytes, job, params, parts, parsed);
+    status = finish_round_of(state, lane, chunk, rounds, (const float *)acc.buf, mine, nbytes, job, opt, parts);
     PyBuffer_Release(&acc);
     return status;
 }

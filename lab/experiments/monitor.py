@@ -19,7 +19,8 @@ half of the span in which any was, that one) and works out:
 * ``tcp_retransmits`` / ``tcp_timeouts``: on an emulated network, the TCP segments the run's
   namespaces sent again and the retransmission timeouts they took (/proc/PID/net/snmp and
   netstat), between the samples around the window: a timeout stalls its connection for at least
-  200 ms, so a slow repeat with timeouts lost time to the emulated links' drops, not to a system;
+  200 ms; whether that cost the run time shows against the point's repeats without any
+  (`analysis.claims.common.tcp_stalls`);
 * ``bound``: ``cpu`` when either CPU figure is >= CPU_BOUND, ``mixed`` when >= CPU_MIXED (unless
   a link ran nearly full), else ``wire`` (the emulated testbed, its links and the replayed GPU,
   set the pace, not this machine).
