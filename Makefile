@@ -14,7 +14,8 @@ QUICK := results/quick
 venv: $(STAMP)
 
 # The library (phub) and, beside it, the harness (lab/: experiments and analysis), both editable.
-$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_kernels.h phub/_fastpath.c phub/_fastpath_rounds.h phub/_fastpath_direct.h lab/pyproject.toml
+$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_kernels.h phub/_fastpath.c phub/_fastpath_rounds.h phub/_fastpath_direct.h \
+		phub/_fastpath_send.h lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[test]' -e ./lab

@@ -19,8 +19,8 @@ of CPU per exchange:
   copies: a core's first copies into their slots), `python` (the interpreter: bytecode and
   every object the C API makes, wherever it is called from), `numpy`, `other`.
 
-Beside them, from the same run: raw TCP's CPU per exchange (`data_path.py`'s raw run: the same
-bytes between the same processes, no framing), and the CPU an exchange 0.8 as fast as raw TCP
+Beside them, from the same run: raw TCP's CPU per exchange (`data_path.py`'s raw run in its
+fastest layout: the same bytes between the same processes, no framing), and the CPU an exchange 0.8 as fast as raw TCP
 may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU / 0.8,
 `budget_at_goal_ms`; `data_path.py` prints the same budget). The last line of stdout is one JSON
 object; `--out FILE` also writes it there (atomically).
@@ -39,7 +39,8 @@ import subprocess
 import sys
 import tempfile
 
-from data_path import GOAL_RATIO, tcp_seconds_per_exchange
+from data_path import GOAL_RATIO
+from raw_tcp import best_raw_tcp
 from experiments.models import load_model
 from experiments.runner import Options
 from phub.fileio import write_json
@@ -154,7 +155,7 @@ def main() -> int:
     seconds = statistics.median(seconds)
     totals = {kind: round(sum(table[role][kind] for role in ROLES), 1) for kind in KINDS}
     nbytes = load_model(args.model).bytes
-    tcp_cpu = statistics.median(tcp_seconds_per_exchange(nbytes, args.workers)["cpu"] for _ in range(args.repeats))
+    tcp_cpu = statistics.median(best_raw_tcp(nbytes, args.workers)["cpu"] for _ in range(args.repeats))
     summary = {"benchmark": "cpu_by_role", "model": args.model, "workers": args.workers, "server_cores": cores,
                "chunk_bytes": args.chunk_bytes,
                "exchanges": args.exchanges, "phub_seconds_per_exchange": round(seconds, 5),

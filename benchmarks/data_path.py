@@ -9,7 +9,10 @@ Three limits, each measured here rather than assumed:
 * **Raw TCP** (`tcp_bound_gbps`): the same process layout and byte pattern as a phub exchange,
   with nothing but sockets: every worker process sends the model's bytes to one receiver process
   and receives them back (the receiver echoes what it reads, a thread per worker, so it uses as
-  many cores as it can), large sends, no framing.
+  many cores as it can), large sends, no framing. It runs in several layouts (Python and C, the
+  kernel's socket buffer sizing and fixed sizes; `raw_tcp.py` says why) and the fastest is the
+  bound (`tcp_fastest_layout`; every layout's seconds in `tcp_layouts_seconds`): on some
+  machines a layout phub's processes do not share is twice as fast as another.
   `ratio_phub_over_tcp_bound` is phub's effective throughput (the same bytes: up and down, every
   worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes. phub's
   server runs `--cores` processes, by default one per worker: the receiver's threads run on as
@@ -34,13 +37,14 @@ counts its own, the warm-up round left out):
   the chunk: what a server core must spend on its sockets per push on TCP, whatever it does;
   `tcp_ceiling_ratio_to_kernel_bound` the share of the kernel bound a core would reach if that
   and the kernel pass were all it spent.
-* `ideal_server_ratio_over_tcp_bound`: the same raw TCP run with the receiver turned into an
-  ideal server: after every read it runs the fused aggregate+NAG pass over the bytes the read
-  brought (its share of them: one pass per round in all) and sends back the updated weights, in
-  the echo's large reads and sends, with no framing, no bookkeeping and no waiting for the other
-  workers' copies. No server that aggregates and optimizes can do less per byte, so this is the
-  most any implementation of phub's job can reach on this machine (`seconds.ideal_server`, and
-  its CPU time per exchange in `ideal_server_cpu_s_per_exchange` and, for the receiver alone,
+* `ideal_server_ratio_over_tcp_bound`: the fastest raw layout run again with its receiver turned
+  into an ideal server (`raw_tcp.c` has one, as the Python layout does): after every read it
+  runs the fused aggregate+NAG pass over the bytes the read brought (its share of them: one pass
+  per round in all) and sends back the updated weights, in the echo's large reads and sends,
+  with no framing, no bookkeeping and no waiting for the other workers' copies. No server that
+  aggregates and optimizes can do less per byte, so this is about the most any implementation of
+  phub's job can reach on this machine (`seconds.ideal_server`, and its CPU time per exchange in
+  `ideal_server_cpu_s_per_exchange` and, for the receiver alone,
   `ideal_receiver_cpu_s_per_exchange`).
 
 And the CPU budget of the raw TCP goal (`budget_at_goal`), all from this run: an exchange 0.8 as
@@ -63,10 +67,8 @@ import json
 import multiprocessing
 import os
 import platform
-import socket
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
@@ -76,136 +78,10 @@ from experiments.runner import Options, run_exchanges
 from phub.fileio import write_json
 from phub.kernels import for_owned_buffers, get_backend
 from phub.transport import STAGING_BYTES
+from raw_tcp import LOOPBACK, best_raw_tcp, c_program, fused_pass, measure
 
-ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
-TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)
 RATE_ITERATIONS = 10  # timed exchanges of a chunk-rate run (CPU time is counted in 10 ms ticks)
-LOOPBACK = "127.0.0.1"
 GOAL_RATIO = 0.8  # the issue's goal for phub's throughput over raw TCP's
-
-
-# -- raw TCP: the bound ------------------------------------------------------------------------
-def _echo(listener: socket.socket, workers: int, nbytes: int, iterations: int, results, update: bool) -> None:
-    """The receiver: read each worker's bytes and send them straight back, one thread per worker.
-    With `update`, an ideal server instead: every read is followed by the fused aggregate+NAG pass
-    over what it brought (each thread takes its share of the elements, so one pass per round in
-    all, reading the other workers' last reads as their copies) and the updated weights go back.
-    It never waits for the other copies and frames nothing: no server can do less per byte.
-    Puts its CPU seconds from the end of every connection's first round trip (the warm-up) on."""
-    lock, warmed = threading.Lock(), []
-    reads = [bytearray(ECHO_BUFFER) for _ in range(workers)]
-    copies = [np.frombuffer(b, np.float32) for b in reads]
-    weight, mom = np.full(nbytes // 4, 0.01, np.float32), np.zeros(nbytes // 4, np.float32)
-    weight_bytes = memoryview(weight).cast("B")
-    merge = np.zeros(ECHO_BUFFER // 4, np.float32)
-    update_pass = fused_pass(for_owned_buffers(get_backend("fast")), workers)
-
-    def serve(conn: socket.socket, rank: int) -> None:
-        buf = memoryview(reads[rank])
-        left, received, done = nbytes * iterations, 0, 0  # received, done: of this round's bytes
-        while left:
-            start = received % ECHO_BUFFER
-            n = conn.recv_into(buf[start:], min(len(buf) - start, nbytes - received))
-            if not n:
-                return
-            if not update:
-                conn.sendall(buf[start:start + n])
-            received += n
-            if update and received - done >= 4:  # reads never wrap the buffer, so neither does [done, end)
-                end = received - received % 4
-                lo, hi = done // 4, end // 4
-                mine = slice(lo + (hi - lo) * rank // workers, lo + (hi - lo) * (rank + 1) // workers)
-                at = slice(mine.start - lo + (done % ECHO_BUFFER) // 4, mine.stop - lo + (done % ECHO_BUFFER) // 4)
-                update_pass(weight[mine], mom[mine], merge[at], [c[at] for c in copies])
-                conn.sendall(weight_bytes[done:end])
-                done = end
-            if left > nbytes * (iterations - 1) >= left - n:  # this connection's warm-up is over
-                with lock:
-                    warmed.append(time.process_time())
-            left -= n
-            if received == nbytes:
-                received = done = 0
-
-    conns = [listener.accept()[0] for _ in range(workers)]
-    threads = [threading.Thread(target=serve, args=(c, rank)) for rank, c in enumerate(conns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    results.put(("echo", time.process_time() - max(warmed)))
-
-
-def _tcp_worker(port: int, nbytes: int, iterations: int, results) -> None:
-    sock = socket.create_connection((LOOPBACK, port), timeout=120)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    src = memoryview(np.ones(nbytes // 4, np.float32)).cast("B")
-    dst = memoryview(np.empty(nbytes // 4, np.float32)).cast("B")
-    seconds, cpu = [], 0.0
-    for i in range(iterations):
-        if i == 1:  # round 0 warms up (first touch of every page)
-            cpu = time.process_time()
-        started = time.perf_counter()
-        sender = threading.Thread(target=sock.sendall, args=(src,))
-        sender.start()
-        got = 0
-        while got < len(dst):
-            n = sock.recv_into(dst[got:])
-            if not n:
-                raise ConnectionError("the echo receiver closed early")
-            got += n
-        sender.join()
-        seconds.append(time.perf_counter() - started)
-    results.put(("worker", seconds, time.process_time() - cpu))
-
-
-def tcp_seconds_per_exchange(nbytes: int, workers: int, update: bool = False) -> dict:
-    """Raw TCP, phub's pattern: `seconds` is the median over round trips of the slowest worker's
-    time to send and get back `nbytes`; `cpu` and `echo_cpu` the CPU seconds per round trip of
-    all the processes and of the receiver alone (what a server must at least spend on sockets),
-    the warm-up round left out. `update`: the receiver is the ideal server (see `_echo`)."""
-    nbytes -= nbytes % 4
-    iterations = TCP_ITERATIONS + 1
-    listener = socket.create_server((LOOPBACK, 0), backlog=workers)
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    echo = ctx.Process(target=_echo, args=(listener, workers, nbytes, iterations, results, update), daemon=True)
-    echo.start()
-    port = listener.getsockname()[1]
-    procs = [ctx.Process(target=_tcp_worker, args=(port, nbytes, iterations, results), daemon=True)
-             for _ in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        reports = [results.get(timeout=300) for _ in range(workers + 1)]
-        per_worker = [report[1] for report in reports if report[0] == "worker"]
-        [echo_cpu] = [report[1] for report in reports if report[0] == "echo"]
-        cpu = echo_cpu + sum(report[2] for report in reports if report[0] == "worker")
-    finally:
-        for p in [*procs, echo]:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-        listener.close()
-    slowest = [max(w[i] for w in per_worker) for i in range(1, iterations)]  # round 0 warms up
-    return {"seconds": statistics.median(slowest), "cpu": cpu / TCP_ITERATIONS, "echo_cpu": echo_cpu / TCP_ITERATIONS}
-
-
-def fused_pass(kernels, workers: int):
-    """One round's update as a server core runs it (aggregation.JobState.on_push): the first two
-    copies summed into the merge buffer, the others added, the last one fused into NAG (2
-    workers: NAG reads both copies, no merge buffer). Returns f(weight, mom, merge, copies)."""
-    scale, aggregate, nag = kernels.scale, kernels.aggregate, kernels.nag
-
-    def update(w, m, a, copies) -> None:
-        merged = copies[0]
-        if workers > 2:
-            scale(a, merged, copies[1], 1.0)
-            for extra in copies[2:-1]:
-                aggregate(a, extra, False)
-            merged = a
-        nag(w, m, merged, copies[-1], 0.05, 0.9, 0.0, 1.0 / workers, -1.0)
-
-    return update
 
 
 def _median_seconds(one_pass) -> float:
@@ -365,16 +241,20 @@ def main() -> int:
         runs["phub-one-core"] = Options(cores=1)
     rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {name: [] for name in runs}
     phub_cpu, exchange_chunk = [], None
-    ideal, ideal_cpu, ideal_receiver_cpu = [], [], []
+    ideal, ideal_cpu, ideal_receiver_cpu, layouts = [], [], [], {}
     rates = {size: {"wall": [], "cpu": []} for size in sizes}
     for repeat in range(args.repeats):
-        bound = tcp_seconds_per_exchange(model_bytes, args.workers)
+        bound = best_raw_tcp(model_bytes, args.workers)
         tcp.append(bound["seconds"])
         tcp_cpu.append(bound["cpu"])
         echo_cpu.append(bound["echo_cpu"])
+        for name, seconds in bound["layouts"].items():
+            layouts.setdefault(name, []).append(seconds)
         print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange ({bound['cpu'] * 1e3:.0f} ms "
-              f"of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's)", file=sys.stderr, flush=True)
-        best = tcp_seconds_per_exchange(model_bytes, args.workers, update=True)
+              f"of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's; the fastest of "
+              + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in bound["layouts"].items()) + ")",
+              file=sys.stderr, flush=True)
+        best = measure(bound["kind"], model_bytes, args.workers, update=True, sockbuf=bound["sockbuf"])
         ideal.append(best["seconds"])
         ideal_cpu.append(best["cpu"])
         ideal_receiver_cpu.append(best["echo_cpu"])
@@ -434,6 +314,8 @@ def main() -> int:
         "benchmark": "data_path", "model": args.model, "workers": args.workers, "repeats": args.repeats,
         "server_cores": args.cores,
         "tcp_bound_gbps": round(moved_bits / tcp_s / 1e9, 2),
+        "tcp_layouts_seconds": {name: round(median(seconds), 5) for name, seconds in layouts.items()},
+        "tcp_fastest_layout": min(layouts, key=lambda name: median(layouts[name])),
         "phub_gbps": round(moved_bits / phub_s / 1e9, 2),
         "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
         "tcp_cpu_s_per_exchange": round(median(tcp_cpu), 5), "tcp_cores_busy": round(cores_busy, 2),
@@ -450,7 +332,9 @@ def main() -> int:
         "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
     }
     print(f"\n{args.model}, {args.workers} workers, phub on {args.cores} server core(s), medians of {args.repeats} repeats:")
-    print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s, phub {summary['phub_gbps']} Gbit/s: "
+    if c_program()[0] is None:
+        print(f"  (raw TCP's C layout was left out: {c_program()[1]})")
+    print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s (fastest layout: {summary['tcp_fastest_layout']}), phub {summary['phub_gbps']} Gbit/s: "
           f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= {GOAL_RATIO}); raw TCP keeps "
           f"{summary['tcp_cores_busy']} of {os.cpu_count()} cores busy; an ideal server (sockets and the "
           f"fused pass, nothing else) reaches {summary['ideal_server_ratio_over_tcp_bound']}")
