@@ -12,7 +12,8 @@ Three limits, each measured here rather than assumed:
   many cores as it can), large sends, no framing. It runs in several layouts (Python and C, the
   kernel's socket buffer sizing and fixed sizes; `raw_tcp.py` says why) and the fastest is the
   bound (`tcp_fastest_layout`; every layout's seconds in `tcp_layouts_seconds`): on some
-  machines a layout phub's processes do not share is twice as fast as another.
+  machines a layout phub's processes do not share is twice as fast as another. Both sides run
+  the machine's TCP congestion control (`tcp_congestion_control`), which moves both.
   `ratio_phub_over_tcp_bound` is phub's effective throughput (the same bytes: up and down, every
   worker) over it: 1.0 would be phub moving gradients as fast as bare TCP moves bytes. phub's
   server runs `--cores` processes, by default one per worker: the receiver's threads run on as
@@ -78,7 +79,7 @@ from experiments.runner import Options, run_exchanges
 from phub.fileio import write_json
 from phub.kernels import for_owned_buffers, get_backend
 from phub.transport import STAGING_BYTES
-from raw_tcp import LOOPBACK, best_raw_tcp, c_program, fused_pass, measure
+from raw_tcp import LOOPBACK, best_raw_tcp, c_program, congestion_control, fused_pass, measure
 
 RATE_ITERATIONS = 10  # timed exchanges of a chunk-rate run (CPU time is counted in 10 ms ticks)
 GOAL_RATIO = 0.8  # the goal for phub's throughput over raw TCP's
@@ -316,6 +317,7 @@ def main() -> int:
         "tcp_bound_gbps": round(moved_bits / tcp_s / 1e9, 2),
         "tcp_layouts_seconds": {name: round(median(seconds), 5) for name, seconds in layouts.items()},
         "tcp_fastest_layout": min(layouts, key=lambda name: median(layouts[name])),
+        "tcp_congestion_control": congestion_control(),
         "phub_gbps": round(moved_bits / phub_s / 1e9, 2),
         "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
         "tcp_cpu_s_per_exchange": round(median(tcp_cpu), 5), "tcp_cores_busy": round(cores_busy, 2),

@@ -223,6 +223,16 @@ def c_seconds_per_exchange(nbytes: int, workers: int, update: bool = False, sock
     return _summary(report["seconds"], sum(report["worker_cpu"]) + report["echo_cpu"], report["echo_cpu"])
 
 
+def congestion_control() -> str:
+    """This machine's TCP congestion control, which loopback runs (raw and phub alike) use: it
+    moves their figures (see the README's data path section); '' where it cannot be read."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def layouts() -> list:
     """The raw layouts `best_raw_tcp` runs, as (name, sockbuf): both layouts (the C one where it
     can be built) at every one of `SOCKET_BUFFERS`."""
@@ -275,7 +285,8 @@ def main() -> int:
               file=sys.stderr, flush=True)
     medians = {name: round(statistics.median(s), 5) for name, s in seconds.items()}
     print(json.dumps({"benchmark": "raw_tcp", "model": args.model, "workers": args.workers, "repeats": args.repeats,
-                      "seconds": medians, "fastest": min(medians, key=medians.get)}))
+                      "seconds": medians, "fastest": min(medians, key=medians.get),
+                      "tcp_congestion_control": congestion_control()}))
     return 0
 
 
