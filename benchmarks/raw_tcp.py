@@ -23,6 +23,7 @@ took 0.20-0.23 s per ResNet-50 exchange with autotuned buffers and 0.105-0.11 wi
 prints every layout's median seconds per exchange, and as its last line one JSON object.
 """
 import argparse
+import atexit
 import functools
 import json
 import multiprocessing
@@ -198,8 +199,6 @@ def c_program() -> tuple:
     if compiler is None:
         return None, "no C compiler (cc or gcc) on PATH"
     folder = tempfile.mkdtemp(prefix="raw_tcp-")
-    import atexit
-
     atexit.register(shutil.rmtree, folder, True)
     binary = os.path.join(folder, "raw_tcp")
     built = subprocess.run([compiler, "-O3", "-pthread", "-o", binary, C_SOURCE], capture_output=True, text=True)
@@ -234,7 +233,7 @@ def congestion_control() -> str:
 
 
 def layouts() -> list:
-    """The raw layouts `best_raw_tcp` runs, as (name, sockbuf): both layouts (the C one where it
+    """The raw layouts `best_raw_tcp` runs, as (kind, sockbuf): both kinds (the C one where it
     can be built) at every one of `SOCKET_BUFFERS`."""
     kinds = ["python"] + (["c"] if c_program()[0] else [])
     return [(kind, sockbuf) for sockbuf in SOCKET_BUFFERS for kind in kinds]
@@ -260,7 +259,6 @@ def best_raw_tcp(nbytes: int, workers: int) -> dict:
     (kind, sockbuf), best = min(runs.items(), key=lambda item: item[1]["seconds"])
     return dict(best, layout=layout_name(kind, sockbuf), kind=kind, sockbuf=sockbuf,
                 layouts={layout_name(*key): round(run["seconds"], 5) for key, run in runs.items()})
-
 
 
 def main() -> int:
