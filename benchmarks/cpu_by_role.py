@@ -20,9 +20,9 @@ of CPU per exchange:
   every object the C API makes, wherever it is called from), `numpy`, `other`.
 
 Beside them, from the same run: raw TCP's CPU per exchange (`data_path.py`'s raw run in its
-fastest layout: the same bytes between the same processes, no framing), and the CPU an exchange 0.8 as fast as raw TCP
-may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU / 0.8,
-`budget_at_goal_ms`; `data_path.py` prints the same budget). The last line of stdout is one JSON
+fastest layout: the same bytes between the same processes, no framing), and the CPU an exchange
+0.8 as fast as raw TCP may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU /
+0.8, `budget_at_goal_ms`; `data_path.py` prints the same budget). The last line of stdout is one JSON
 object; `--out FILE` also writes it there (atomically).
 
 perf must be installed and allowed to sample every process (root, or

@@ -336,8 +336,8 @@ def main() -> int:
     print(f"\n{args.model}, {args.workers} workers, phub on {args.cores} server core(s), medians of {args.repeats} repeats:")
     if c_program()[0] is None:
         print(f"  (raw TCP's C layout was left out: {c_program()[1]})")
-    print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s (fastest layout: {summary['tcp_fastest_layout']}), phub {summary['phub_gbps']} Gbit/s: "
-          f"{summary['ratio_phub_over_tcp_bound']} of the bound (goal >= {GOAL_RATIO}); raw TCP keeps "
+    print(f"  raw TCP {summary['tcp_bound_gbps']} Gbit/s (fastest layout: {summary['tcp_fastest_layout']}), "
+          f"phub {summary['phub_gbps']} Gbit/s: {summary['ratio_phub_over_tcp_bound']} of the bound (goal >= {GOAL_RATIO}); raw TCP keeps "
           f"{summary['tcp_cores_busy']} of {os.cpu_count()} cores busy; an ideal server (sockets and the "
           f"fused pass, nothing else) reaches {summary['ideal_server_ratio_over_tcp_bound']}")
     print(f"  at {GOAL_RATIO} of raw TCP an exchange may use {budget['cpu_s'] * 1e3:.0f} ms of CPU: raw TCP's sockets "

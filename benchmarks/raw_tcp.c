@@ -78,6 +78,7 @@ static void send_all(int fd, const char *p, size_t n) {
 /* -- the receiver ---------------------------------------------------------------------------- */
 static pthread_mutex_t warm_lock = PTHREAD_MUTEX_INITIALIZER;
 static double warmed;  /* the process's CPU time when the last connection's warm-up round ended */
+static int conns[MAX_WORKERS];  /* each worker's connection, by rank */
 static char *reads[MAX_WORKERS];  /* each connection's read buffer: ECHO_BUFFER bytes */
 static float *weight, *mom;  /* the ideal server's state (with `update`) */
 
@@ -101,8 +102,8 @@ static void nag_share(size_t lo, size_t hi, size_t at, int rank) {
 /* One connection: echo what it reads, or (with `update`) run the ideal server's pass over it and
  * send the updated weights back. Reads never wrap the buffer, so neither does [done, end). */
 static void *echo(void *arg) {
-    int rank = (int)(long)arg, fd = rank >> 8;
-    char *buf = reads[rank &= 0xff];
+    int rank = (int)(long)arg, fd = conns[rank];
+    char *buf = reads[rank];
     size_t left = nbytes * iterations, warm_left = nbytes, received = 0, done = 0;
     while (left) {
         size_t start = received % ECHO_BUFFER, room = ECHO_BUFFER - start;
@@ -143,10 +144,9 @@ static void receiver(int listener, int out) {
         for (size_t i = 0; i < nbytes / 4; i++) weight[i] = 0.01f;
     }
     for (int i = 0; i < workers; i++) {
-        int fd = accept(listener, NULL, NULL);
-        if (fd < 0) die("accept");
-        tune(fd);
-        if (pthread_create(&threads[i], NULL, echo, (void *)(long)(fd << 8 | i))) die("pthread_create");
+        /* tuned as the listener is: an accepted socket takes its options and buffer sizes */
+        if ((conns[i] = accept(listener, NULL, NULL)) < 0) die("accept");
+        if (pthread_create(&threads[i], NULL, echo, (void *)(long)i)) die("pthread_create");
     }
     for (int i = 0; i < workers; i++) pthread_join(threads[i], NULL);
     dprintf(out, "echo %.6f\n", now(CLOCK_PROCESS_CPUTIME_ID) - warmed);
