@@ -38,8 +38,10 @@ counts its own, the warm-up round left out):
   the chunk: what a server core must spend on its sockets per push on TCP, whatever it does;
   `tcp_ceiling_ratio_to_kernel_bound` the share of the kernel bound a core would reach if that
   and the kernel pass were all it spent.
-* `ideal_server_ratio_over_tcp_bound`: the fastest raw layout run again with its receiver turned
-  into an ideal server (`raw_tcp.c` has one, as the Python layout does): after every read it
+* `ideal_server_ratio_over_tcp_bound`: the raw layouts run again with their receiver turned
+  into an ideal server (`raw_tcp.c` has one, as the Python layout does), the fastest of them
+  (`ideal_server_layout`; until 2026-12-06 only the layout fastest at echoing, which with small
+  socket buffers served slower than phub did): after every read it
   runs the fused aggregate+NAG pass over the bytes the read brought (its share of them: one pass
   per round in all) and sends back the updated weights, in the echo's large reads and sends,
   with no framing, no bookkeeping and no waiting for the other workers' copies. No server that
@@ -60,8 +62,13 @@ phub's exchange spent in all (its processes' share of the cores busy, times the 
 time) and `phub_beyond_us_per_frame` its part beyond sockets and pass, per frame.
 
 Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
-turn, so a slow drift of the machine hits all alike. The last line of stdout is one JSON object
-with the keys above; `--out FILE` also writes it there (atomically).
+turn, so a slow drift of the machine hits all alike. On a virtual machine the hypervisor may give
+its cores to other guests at any time, which no repeat order cancels: `steal_share` says, for
+each system, the median share of all cores' time the hypervisor took while it was measured
+(/proc/stat's steal; `experiments.monitor`), each line of progress names it where it reached
+5%, and the summary warns when a median did. phub's CPU time (`phub_cpu_s`) leaves it out. The
+last line of stdout is one JSON object with the keys above; `--out FILE` also writes it there
+(atomically).
 """
 import argparse
 import json
@@ -75,11 +82,12 @@ import time
 import numpy as np
 
 from experiments.models import chunks_per_worker, load_model
+from experiments.monitor import STOLEN, Stolen, median_share, stolen_words
 from experiments.runner import Options, run_exchanges
 from phub.fileio import write_json
 from phub.kernels import for_owned_buffers, get_backend
 from phub.transport import STAGING_BYTES
-from raw_tcp import LOOPBACK, best_raw_tcp, c_program, congestion_control, fused_pass, measure
+from raw_tcp import LOOPBACK, best_raw_tcp, c_program, congestion_control, fused_pass
 
 RATE_ITERATIONS = 10  # timed exchanges of a chunk-rate run (CPU time is counted in 10 ms ticks)
 GOAL_RATIO = 0.8  # the issue's goal for phub's throughput over raw TCP's
@@ -242,45 +250,57 @@ def main() -> int:
         runs["phub-one-core"] = Options(cores=1)
     rows, tcp, tcp_cpu, echo_cpu, exchange = [], [], [], [], {name: [] for name in runs}
     phub_cpu, exchange_chunk = [], None
-    ideal, ideal_cpu, ideal_receiver_cpu, layouts = [], [], [], {}
+    ideal, ideal_cpu, ideal_receiver_cpu, ideal_layouts, layouts = [], [], [], [], {}
     rates = {size: {"wall": [], "cpu": []} for size in sizes}
+    steal = {name: [] for name in ("tcp", "ideal_server", *runs, "core_rate")}  # see the module docstring
     for repeat in range(args.repeats):
         bound = best_raw_tcp(model_bytes, args.workers)
         tcp.append(bound["seconds"])
         tcp_cpu.append(bound["cpu"])
         echo_cpu.append(bound["echo_cpu"])
+        steal["tcp"].append(bound["steal"])
         for name, seconds in bound["layouts"].items():
             layouts.setdefault(name, []).append(seconds)
-        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange ({bound['cpu'] * 1e3:.0f} ms "
-              f"of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's; the fastest of "
-              + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in bound["layouts"].items()) + ")",
-              file=sys.stderr, flush=True)
-        best = measure(bound["kind"], model_bytes, args.workers, update=True, sockbuf=bound["sockbuf"])
+        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange{stolen_words(bound['steal'])} "
+              f"({bound['cpu'] * 1e3:.0f} ms of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's; the "
+              "fastest of " + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in bound["layouts"].items())
+              + ")", file=sys.stderr, flush=True)
+        best = best_raw_tcp(model_bytes, args.workers, update=True)
+        ideal_layouts.append(best["layout"])
         ideal.append(best["seconds"])
         ideal_cpu.append(best["cpu"])
         ideal_receiver_cpu.append(best["echo_cpu"])
-        print(f"repeat {repeat}: ideal server   {ideal[-1] * 1e3:8.1f} ms per exchange ({best['cpu'] * 1e3:.0f} ms "
-              f"of CPU, {best['echo_cpu'] * 1e3:.0f} ms of it the server's)", file=sys.stderr, flush=True)
+        steal["ideal_server"].append(best["steal"])
+        print(f"repeat {repeat}: ideal server   {ideal[-1] * 1e3:8.1f} ms per exchange{stolen_words(best['steal'])} "
+              f"({best['cpu'] * 1e3:.0f} ms of CPU, {best['echo_cpu'] * 1e3:.0f} ms of it the server's; the fastest "
+              "of " + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in best["layouts"].items()) + ")",
+              file=sys.stderr, flush=True)
         for name, options in runs.items():
             system = name.partition("-one-core")[0]
             row = run_exchanges(system, args.model, args.workers, args.iterations, 1, options=options, quiet=True)[0]
             rows.append(dict(row, repeat=repeat, run=name))
             exchange[name].append(row["seconds_per_iteration"])
+            stolen = row["bound"].get("cpu_steal")
+            steal[name].append(stolen)
             if name == "phub":
                 exchange_chunk = row["chunk_bytes"]
                 if row["bound"].get("cpu_busy") is not None:
-                    phub_cpu.append(row["bound"]["cpu_busy"] * os.cpu_count() * row["seconds_per_iteration"])
-            print(f"repeat {repeat}: {name:14s} {exchange[name][-1] * 1e3:8.1f} ms per exchange",
+                    busy = row["bound"]["cpu_busy"] - (stolen or 0.0)  # the hypervisor's time is not phub's
+                    phub_cpu.append(busy * os.cpu_count() * row["seconds_per_iteration"])
+            print(f"repeat {repeat}: {name:14s} {exchange[name][-1] * 1e3:8.1f} ms per exchange{stolen_words(stolen)}",
                   file=sys.stderr, flush=True)
         for size in sizes:
-            rate = core_rate(size, args.rate_chunks, args.workers)
-            rows.append({"benchmark": "core_rate", "repeat": repeat, "chunk_bytes": size, **rate})
+            with Stolen() as rate_steal:
+                rate = core_rate(size, args.rate_chunks, args.workers)
+            steal["core_rate"].append(rate_steal.share)
+            rows.append({"benchmark": "core_rate", "repeat": repeat, "chunk_bytes": size, **rate,
+                         "steal": rate_steal.share})
             for kind in rate:
                 if rate[kind] is not None:
                     rates[size][kind].append(rate[kind])
             cpu = f"{rate['cpu']:,.0f}" if rate["cpu"] else "?"
             print(f"repeat {repeat}: one core, {size:5d}-byte chunks: {cpu} pushes per CPU second "
-                  f"({rate['wall']:,.0f} per second)", file=sys.stderr, flush=True)
+                  f"({rate['wall']:,.0f} per second){stolen_words(rate_steal.share)}", file=sys.stderr, flush=True)
 
     median = statistics.median
     tcp_s, phub_s, pslite_s = median(tcp), median(exchange["phub"]), median(exchange["pslite-central"])
@@ -322,6 +342,7 @@ def main() -> int:
         "ratio_phub_over_tcp_bound": round(tcp_s / phub_s, 3),
         "tcp_cpu_s_per_exchange": round(median(tcp_cpu), 5), "tcp_cores_busy": round(cores_busy, 2),
         "ideal_server_ratio_over_tcp_bound": round(tcp_s / ideal_s, 3),
+        "ideal_server_layout": statistics.mode(ideal_layouts),
         "ideal_server_cpu_s_per_exchange": round(median(ideal_cpu), 5),
         "ideal_receiver_cpu_s_per_exchange": round(median(ideal_receiver_cpu), 5),
         "ratio_phub_over_pslite-central": round(phub_s / pslite_s, 3),
@@ -331,6 +352,7 @@ def main() -> int:
                     **({} if one_core_s is None else {"phub_one_core": round(one_core_s, 5)})},
         **one_core(one_core_s, tcp_s, pslite_s),
         "chunks_per_s_per_core": per_core, "per_chunk": per_chunk, "rate_chunks": args.rate_chunks,
+        "steal_share": {name: median_share(shares) for name, shares in steal.items()},
         "wall_seconds": round(time.perf_counter() - started, 1), "host": platform.node(), "cpus": os.cpu_count(),
     }
     print(f"\n{args.model}, {args.workers} workers, phub on {args.cores} server core(s), medians of {args.repeats} repeats:")
@@ -354,6 +376,10 @@ def main() -> int:
         print(f"  one core, {size:5d} B chunks: {per_core[str(size)]} per CPU s, kernel bound "
               f"{c['kernel_bound_chunks_per_s']} ({c['ratio_to_kernel_bound']} of it; sockets alone allow "
               f"{c['tcp_ceiling_ratio_to_kernel_bound']}), overhead {c['overhead_us_per_chunk']} us per chunk")
+    for name, share in summary["steal_share"].items():
+        if share is not None and share >= STOLEN:
+            print(f"  warning: the hypervisor took {share:.0%} of this machine's CPU time while {name} was measured "
+                  "(median): its figures are slower than the machine allows, by an amount its neighbours decide")
     if args.out:
         write_json(args.out, {"summary": summary, "rows": rows}, indent=1)
     print(json.dumps(summary))

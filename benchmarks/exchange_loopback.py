@@ -7,8 +7,10 @@
 Each repeat runs every system once, in turn (phub, pshard, pslite-central, pslite-shard,
 gloo-ring), so slow drifts of a shared machine hit all systems alike. A system's figure is the
 median over repeats of its run's median seconds per iteration; the ratios are phub's figure over
-each other system's (below 1: phub is faster). The last line of stdout is one JSON object:
-{"seconds": {system: s}, "ratio_phub_over_<system>": r, ..., settings}. `--out FILE` also writes
+each other system's (below 1: phub is faster). A run during which the hypervisor of a virtual
+machine took 5% or more of the cores' time says so (`steal_share`: each system's median share,
+see experiments.monitor). The last line of stdout is one JSON object: {"seconds": {system: s},
+"ratio_phub_over_<system>": r, "steal_share": {system: share}, ..., settings}. `--out FILE` also writes
 it there (atomically) together with every run's row.
 """
 import argparse
@@ -19,9 +21,10 @@ import statistics
 import sys
 import time
 
+from experiments.monitor import median_share, stolen_words
 from experiments.runner import Options, run_exchange
-from phub.fileio import write_json
 from experiments.systems import SYSTEMS
+from phub.fileio import write_json
 
 
 def main() -> int:
@@ -48,8 +51,8 @@ def main() -> int:
                                options=options, quiet=True)
             row["repeat"] = repeat
             rows.append(row)
-            print(f"repeat {repeat}: {system:15s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per iteration",
-                  file=sys.stderr, flush=True)
+            print(f"repeat {repeat}: {system:15s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per iteration"
+                  f"{stolen_words(row['bound'].get('cpu_steal'))}", file=sys.stderr, flush=True)
 
     seconds = {s: statistics.median(r["seconds_per_iteration"] for r in rows if r["system"] == s) for s in systems}
     print(f"\n{args.model}, {args.workers} workers, compute {args.compute}, median of {args.repeats} repeats "
@@ -59,7 +62,9 @@ def main() -> int:
         print(f"{s:15s} {seconds[s]:12.4f} {args.workers / seconds[s]:12.2f} {seconds['phub'] / seconds[s]:12.3f}")
     summary = {"benchmark": "exchange_loopback", "model": args.model, "workers": args.workers,
                "compute": args.compute, "iterations": args.iterations, "repeats": args.repeats,
-               "seconds": {s: round(v, 5) for s, v in seconds.items()}}
+               "seconds": {s: round(v, 5) for s, v in seconds.items()},
+               "steal_share": {s: median_share(r["bound"].get("cpu_steal") for r in rows if r["system"] == s)
+                               for s in systems}}
     for s in systems:
         if s != "phub":
             summary[f"ratio_phub_over_{s}"] = round(seconds["phub"] / seconds[s], 3)

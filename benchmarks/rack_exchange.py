@@ -11,8 +11,10 @@ new weights over its own link, both at once on a full-duplex link, and the PBox'
 exactly the 8 workers' bytes. Chunks are by default the paper's 32 KB divided by the spec's model
 scale, so a worker's model travels in the paper's number of chunks (ResNet-50: 3,219). phub and gloo-ring run alternately, each on a fresh rack, so a
 drifting machine hurts both alike; figures are medians over repeats of each run's median.
-The last line of stdout is one JSON object with `wire_bound_ratio` (phub time / wire bound)
-and `gloo_over_phub` (gloo-ring time / phub time).
+The last line of stdout is one JSON object with `wire_bound_ratio` (phub time / wire bound),
+`gloo_over_phub` (gloo-ring time / phub time) and `steal_share` (each system's median share of
+the cores' time the hypervisor of a virtual machine took while it ran; a run that lost 5% or
+more says so, see experiments.monitor).
 """
 import argparse
 import json
@@ -24,8 +26,9 @@ import time
 from pathlib import Path
 
 from experiments.models import PAPER_CHUNK_BYTES, chunks_per_worker, load_model, scaled, scaled_chunk
-from experiments.runner import Options, run_exchange
+from experiments.monitor import median_share, stolen_words
 from experiments.rack.rackspec import load_spec
+from experiments.runner import Options, run_exchange
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +57,8 @@ def main() -> int:
                               num_interfaces=spec.pbox_interfaces, chunk_bytes=chunk_bytes)
             row = run_exchange(system, args.model, workers, args.iterations, args.warmup, options=options, quiet=True)
             rows[system].append(row)
-            print(f"repeat {repeat}: {system:10s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per exchange",
-                  file=sys.stderr, flush=True)
+            print(f"repeat {repeat}: {system:10s} {row['seconds_per_iteration'] * 1e3:8.1f} ms per exchange"
+                  f"{stolen_words(row['bound'].get('cpu_steal'))}", file=sys.stderr, flush=True)
     phub = statistics.median(r["seconds_per_iteration"] for r in rows["phub"])
     gloo = statistics.median(r["seconds_per_iteration"] for r in rows["gloo-ring"])
     model_bytes = rows["phub"][0]["bytes_per_worker"]
@@ -72,6 +75,8 @@ def main() -> int:
                "bytes_per_worker": model_bytes, "chunk_bytes": chunk_bytes,
                "chunks_per_worker": chunks, "wire_bound_s": wire_bound, "phub_s": phub, "gloo_ring_s": gloo,
                "wire_bound_ratio": phub / wire_bound, "gloo_over_phub": gloo / phub,
+               "steal_share": {system: median_share(r["bound"].get("cpu_steal") for r in runs)
+                               for system, runs in rows.items()},
                "repeats": args.repeats, "iterations": args.iterations, "host": platform.node(),
                "wall_seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(summary))

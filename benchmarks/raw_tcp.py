@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from experiments.monitor import Stolen, median_share, stolen_words
 from phub.kernels import for_owned_buffers, get_backend
 
 ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
@@ -244,21 +245,28 @@ def layout_name(kind: str, sockbuf: int) -> str:
 
 
 def measure(kind: str, nbytes: int, workers: int, update: bool = False, sockbuf: int = 0) -> dict:
-    """`tcp_seconds_per_exchange` in layout `kind` (`python` or `c`)."""
+    """`tcp_seconds_per_exchange` in layout `kind` (`python` or `c`), and `steal`: the share of
+    the cores' time the hypervisor took while it ran (experiments.monitor.Stolen)."""
     run = tcp_seconds_per_exchange if kind == "python" else c_seconds_per_exchange
-    return run(nbytes, workers, update=update, sockbuf=sockbuf)
+    with Stolen() as stolen:
+        result = run(nbytes, workers, update=update, sockbuf=sockbuf)
+    return dict(result, steal=stolen.share)
 
 
-def best_raw_tcp(nbytes: int, workers: int) -> dict:
+def best_raw_tcp(nbytes: int, workers: int, update: bool = False) -> dict:
     """Every raw layout once (see `layouts`), in turn: the fastest one's `tcp_seconds_per_exchange`
-    dict, with its name (`layout`), kind and socket buffer size (`kind`, `sockbuf`: what
-    `measure` takes to run its ideal server) and every layout's seconds (`layouts`)."""
+    dict, with its name (`layout`), kind and socket buffer size (`kind`, `sockbuf`), every
+    layout's seconds (`layouts`) and the share of the cores' time the hypervisor took during each
+    (`layouts_steal`). With `update`, of the ideal server: the layout fastest at echoing need not
+    be the one fastest at serving (a receiver that runs the pass between reads is slower to drain
+    small socket buffers)."""
     runs = {}
     for kind, sockbuf in layouts():
-        runs[(kind, sockbuf)] = measure(kind, nbytes, workers, sockbuf=sockbuf)
+        runs[(kind, sockbuf)] = measure(kind, nbytes, workers, update=update, sockbuf=sockbuf)
     (kind, sockbuf), best = min(runs.items(), key=lambda item: item[1]["seconds"])
     return dict(best, layout=layout_name(kind, sockbuf), kind=kind, sockbuf=sockbuf,
-                layouts={layout_name(*key): round(run["seconds"], 5) for key, run in runs.items()})
+                layouts={layout_name(*key): round(run["seconds"], 5) for key, run in runs.items()},
+                layouts_steal={layout_name(*key): run["steal"] for key, run in runs.items()})
 
 
 def main() -> int:
@@ -274,16 +282,19 @@ def main() -> int:
     nbytes = load_model(args.model).bytes
     if c_program()[0] is None:
         print(f"raw_tcp: the C layout is left out: {c_program()[1]}", file=sys.stderr)
-    seconds = {}
+    seconds, steal = {}, {}
     for repeat in range(args.repeats):
         best = best_raw_tcp(nbytes, args.workers)
         for name, s in best["layouts"].items():
             seconds.setdefault(name, []).append(s)
-        print(f"repeat {repeat}: " + ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in best["layouts"].items()),
-              file=sys.stderr, flush=True)
+            steal.setdefault(name, []).append(best["layouts_steal"][name])
+        timings = [f"{name} {s * 1e3:.1f} ms{stolen_words(best['layouts_steal'][name])}"
+                   for name, s in best["layouts"].items()]
+        print(f"repeat {repeat}: " + ", ".join(timings), file=sys.stderr, flush=True)
     medians = {name: round(statistics.median(s), 5) for name, s in seconds.items()}
     print(json.dumps({"benchmark": "raw_tcp", "model": args.model, "workers": args.workers, "repeats": args.repeats,
                       "seconds": medians, "fastest": min(medians, key=medians.get),
+                      "steal": {name: median_share(shares) for name, shares in steal.items()},
                       "tcp_congestion_control": congestion_control()}))
     return 0
 

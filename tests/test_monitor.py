@@ -3,13 +3,14 @@ import os
 
 import pytest
 
-from experiments.monitor import Monitor, Sample, block, classify, summarize
+from experiments.monitor import (Monitor, Sample, Stolen, block, classify, machine_cpu, median_share, stolen_words,
+                                 summarize)
 
 NS_W, NS_S = "net:[1]", "net:[2]"
 
 
 def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu=0.6, link_bytes_per_s=5e6,
-             timeouts_at=()):
+             timeouts_at=(), steal_per_s=0.0):
     """Two workers (pids 11, 12 in NS_W) and a server (pid 20 in NS_S) working at steady rates;
     the server's namespace resends 10 segments a second and takes a timeout at each of `timeouts_at`."""
     out = []
@@ -21,7 +22,8 @@ def _samples(seconds=4.0, period=0.5, busy_per_s=1.0, worker_cpu=0.3, server_cpu
                           links={f"{NS_W}/veth0": (int(link_bytes_per_s * t), int(link_bytes_per_s * t / 2)),
                                  f"{NS_S}/eth0": (int(link_bytes_per_s * t / 4), 0)},
                           pid_ns={11: NS_W, 12: NS_W, 20: NS_S},
-                          tcp={NS_W: (0, 0), NS_S: (int(10 * t), sum(1 for x in timeouts_at if x <= t))}))
+                          tcp={NS_W: (0, 0), NS_S: (int(10 * t), sum(1 for x in timeouts_at if x <= t))},
+                          steal=steal_per_s * t))
     return out
 
 
@@ -37,6 +39,30 @@ def test_steady_rates_come_out_exactly():
     assert got["service_cpu"] == pytest.approx(0.7, abs=1e-3)
     assert got["link_utilization"] == pytest.approx(5e6 * 8 / 100e6, abs=1e-3)  # the busiest direction: worker rx
     assert got["bound"] == "mixed"  # the server used 0.7 of a core while its links were not full
+
+
+def test_the_time_the_hypervisor_took_comes_out_beside_the_busy_time_it_is_part_of():
+    got = summarize(_samples(busy_per_s=1.5, steal_per_s=0.3), _ranks(), cores=2)
+    assert got["cpu_steal"] == pytest.approx(0.15, abs=1e-3)  # 0.3 core-seconds per second of 2 cores
+    assert got["cpu_busy"] == pytest.approx(0.75, abs=1e-3)  # still counted busy: the run could not have it
+    no_steal = _samples()
+    for sample in no_steal:
+        sample.steal = None  # samples that did not read it (an older run's)
+    assert summarize(no_steal, _ranks(), cores=2)["cpu_steal"] is None
+
+
+def test_this_machine_reports_its_stolen_time_within_its_busy_time():
+    busy, stolen = machine_cpu()
+    assert 0 <= stolen <= busy
+    with Stolen() as block_of:
+        sum(range(200_000))
+    assert 0 <= block_of.share <= 1
+
+
+def test_a_timing_says_when_the_hypervisor_took_the_cores():
+    assert stolen_words(0.12) == " (the hypervisor took 12%)"
+    assert stolen_words(0.01) == stolen_words(None) == ""  # too little to matter, or not known
+    assert median_share([0.1, None, 0.3, 0.2]) == 0.2 and median_share([None]) is None
 
 
 def test_tcp_losses_are_counted_between_the_samples_around_the_window_on_emulated_links_only():

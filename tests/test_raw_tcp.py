@@ -52,10 +52,14 @@ def test_c_program_refuses_bad_arguments(args):
     assert run.returncode == 2 and "usage: raw_tcp" in run.stderr
 
 
-def test_the_bound_is_the_fastest_layout():
-    best = raw_tcp.best_raw_tcp(NBYTES, 2)
+@pytest.mark.parametrize("update", [False, True])  # the bound, and the ideal server
+def test_the_bound_is_the_fastest_layout(update):
+    best = raw_tcp.best_raw_tcp(NBYTES, 2, update=update)
     names = {raw_tcp.layout_name(kind, sockbuf) for kind, sockbuf in raw_tcp.layouts()}
     assert set(best["layouts"]) == names and best["layout"] in names
     assert best["layouts"][best["layout"]] == min(best["layouts"].values())
     assert raw_tcp.layout_name(best["kind"], best["sockbuf"]) == best["layout"]
     assert_timed(best)
+    assert set(best["layouts_steal"]) == names and all(0 <= s <= 1 for s in best["layouts_steal"].values())
+    assert best["steal"] == best["layouts_steal"][best["layout"]]
+

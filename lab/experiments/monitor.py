@@ -10,7 +10,11 @@ clock in every process: the span in which every worker was timed, or, when that 
 half of the span in which any was, that one) and works out:
 
 * ``cpu_busy``: the fraction of all cores busy, less the CPU the workers spent on the oracle
-  check (outside the timing, but inside the window);
+  check (outside the timing, but inside the window); time the hypervisor of a virtual machine
+  took from it counts as busy (the run could not have it);
+* ``cpu_steal``: that time alone, as a fraction of all cores (/proc/stat's steal: the other
+  guests of the host ran while this machine's cores wanted to; 0 on bare metal). Timings taken
+  while it is high are slower than the machine allows, by an amount that varies from run to run;
 * ``busiest_process`` / ``busiest_process_cpu``: the process that used the most CPU, in cores
   (a single-threaded Python process cannot go much past 1.0);
 * ``link_utilization``: the busiest link direction of a worker or server node, bytes x 8 /
@@ -36,6 +40,7 @@ made-up ones.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +51,7 @@ HOLD_TIMEOUT = 5 * PERIOD  # a worker waits at most this long for a sample past 
 CPU_BOUND = 0.85  # a CPU figure at or above this: the point measured this machine's CPU
 CPU_MIXED = 0.6  # between this and CPU_BOUND: the cores were busy enough to slow some steps
 LINK_FULL = 0.85  # a link this busy was the bottleneck, whatever the cores did below CPU_BOUND
+STOLEN = 0.05  # cores that lost this share of their time to the hypervisor ran slower than the machine allows
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -57,13 +63,34 @@ class Sample:
     links: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # "ns/iface" -> (rx, tx) bytes
     pid_ns: Dict[int, str] = field(default_factory=dict)  # pid -> network namespace id
     tcp: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # namespace -> (retransmits, timeouts)
+    steal: Optional[float] = None  # machine CPU seconds the hypervisor took so far (all cores)
 
 
-def _machine_busy() -> float:
+def machine_cpu() -> Tuple[float, float]:
+    """(busy, stolen): this machine's CPU seconds so far, all cores together. Busy counts user
+    through steal (guest time is already in user); stolen is steal alone, the time the
+    hypervisor gave this machine's cores to other guests while they wanted to run."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return (sum(fields[:8]) - idle) / TICK  # user..steal (guest time is already in user)
+    steal = fields[7] if len(fields) > 7 else 0
+    return (sum(fields[:8]) - idle) / TICK, steal / TICK
+
+
+class Stolen:
+    """A context manager: `share` is the fraction of all cores' time the hypervisor took while
+    its block ran (see `machine_cpu`), for a measurement that runs outside a Monitor."""
+
+    share: Optional[float] = None
+
+    def __enter__(self) -> "Stolen":
+        self._start = (time.monotonic(), machine_cpu()[1])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        elapsed = time.monotonic() - self._start[0]
+        if elapsed > 0:
+            self.share = _round((machine_cpu()[1] - self._start[1]) / ((os.cpu_count() or 1) * elapsed))
 
 
 def _stat(pid: int) -> Optional[Tuple[int, float]]:
@@ -140,9 +167,22 @@ def _descendants(root: int) -> List[int]:
     return found
 
 
+def median_share(shares) -> Optional[float]:
+    """The median of the shares that were measured (None where none was)."""
+    known = [share for share in shares if share is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
+def stolen_words(share: Optional[float]) -> str:
+    """' (the hypervisor took N%)' after a timing, when it took STOLEN or more of the cores'
+    time meanwhile: that timing is slower than the machine allows."""
+    return f" (the hypervisor took {share:.0%})" if share is not None and share >= STOLEN else ""
+
+
 def take_sample(root: int, names: Dict[int, str]) -> Sample:
     """One sample of the machine and of every process below `root` (names cached in `names`)."""
-    sample = Sample(time.monotonic(), _machine_busy())
+    busy, stolen = machine_cpu()
+    sample = Sample(time.monotonic(), busy, steal=stolen)
     seen_ns: Dict[str, int] = {}
     for pid in _descendants(root):
         stat = _stat(pid)
@@ -302,6 +342,8 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
     verify_cpu = sum(float(r.get("verify_cpu", 0.0)) for r in ranks)
     # at most 1: on windows a few samples long, interpolation can overshoot
     cpu_busy = min(1.0, max(0.0, busy - verify_cpu) / (cores * timed)) if busy is not None else None
+    stolen = _delta(samples, start, end, lambda s: s.steal)
+    cpu_steal = min(1.0, max(0.0, stolen) / (cores * timed)) if stolen is not None else None
     rank_of = {int(r["pid"]): int(r["rank"]) for r in ranks if r.get("pid") is not None}
     verify_of = {int(r["pid"]): float(r.get("verify_cpu", 0.0)) for r in ranks if r.get("pid") is not None}
     pids = {pid for s in samples for pid in s.procs}
@@ -332,7 +374,7 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
     busiest_cpu = usage.get(busiest) if busiest is not None else None
     service = sum(u for pid, u in usage.items() if pid not in rank_of) if usage else None
     losses = _losses(samples, start, end) if host_mbit else (None, None)
-    return {"cpu_busy": _round(cpu_busy), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
+    return {"cpu_busy": _round(cpu_busy), "cpu_steal": _round(cpu_steal), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
             "service_cpu": _round(service), "link_utilization": _round(link),
             "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed),
             "tcp_retransmits": losses[0], "tcp_timeouts": losses[1]}

@@ -12,8 +12,8 @@ compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max
 ("oracle", or "workers_agree" with real compute; null without --verify), network,
 cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
 (servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python, and bound (what limited
-the run: cpu_busy, busiest_process, busiest_process_cpu, link_utilization, bound = wire | mixed |
-cpu; see experiments.monitor; {} when the samples missed the timed iterations).
+the run: cpu_busy, cpu_steal, busiest_process, busiest_process_cpu, link_utilization, bound =
+wire | mixed | cpu; see experiments.monitor; {} when the samples missed the timed iterations).
 
 With `--compute real` (experiments.realcompute) the bytes, batch and compute seconds are the real
 network's (measured by the workers), and the row adds zoo_model, image_size, device and

@@ -13,7 +13,7 @@ COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interf
            "chunk_bytes_paper", "chunks_per_worker", "oversubscription", "network", "queueing", "setting",
            "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
-           "verify_kind", "bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "service_cpu",
+           "verify_kind", "bound", "cpu_busy", "cpu_steal", "busiest_process", "busiest_process_cpu", "service_cpu",
            "link_utilization", "tcp_retransmits", "tcp_timeouts", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
 
 
@@ -66,6 +66,7 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
         "samples_per_s": result.get("samples_per_s", ""), "bytes_per_worker": result["bytes_per_worker"],
         "verified": result.get("verified", False), "verify_kind": verify_kind,
         "bound": bound.get("bound", ""), "cpu_busy": _opt(bound.get("cpu_busy")),
+        "cpu_steal": _opt(bound.get("cpu_steal")),
         "busiest_process": bound.get("busiest_process", ""),
         "busiest_process_cpu": _opt(bound.get("busiest_process_cpu")), "service_cpu": _opt(bound.get("service_cpu")),
         "link_utilization": _opt(bound.get("link_utilization")), "tcp_retransmits": _opt(bound.get("tcp_retransmits")),

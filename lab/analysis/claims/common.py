@@ -8,6 +8,8 @@ from typing import Dict, List
 
 import pandas as pd
 
+from experiments.monitor import STOLEN
+
 from .. import derive
 from ..results import experiment as _all_rows
 from ..verdict import CAUSE_UNKNOWN, Evidence
@@ -62,9 +64,9 @@ def causes(rows: pd.DataFrame, paper_workers: int = PAPER_WORKERS) -> str:
         used = rows["link_utilization"].dropna()
         if len(used) and used.median() < 0.5:
             found.append(f"busiest link only {used.median():.0%} used")
-    stalls = tcp_stalls(rows)
-    if stalls:
-        found.append(stalls)
+    for measured in (tcp_stalls(rows), hypervisor_steal(rows)):
+        if measured:
+            found.append(measured)
     return "; ".join(found) if found else CAUSE_UNKNOWN
 
 
@@ -93,6 +95,20 @@ def tcp_stalls(rows: pd.DataFrame) -> str:
     if slower:
         text += f"; those runs took {min(slower):.2f}–{max(slower):.2f} × their points' runs without"
     return text
+
+
+def hypervisor_steal(rows: pd.DataFrame) -> str:
+    """The CPU time the hypervisor of a virtual machine took during the rows' runs (`cpu_steal`,
+    experiments.monitor), in words, when some run lost at least STOLEN of its cores' time to it;
+    "" otherwise (and for rows of runs that did not measure it)."""
+    if "cpu_steal" not in rows:
+        return ""
+    counted = rows["cpu_steal"].dropna()
+    hit = counted[counted >= STOLEN]
+    if hit.empty:
+        return ""
+    return (f"the hypervisor took {STOLEN:.0%} or more of this machine's CPU time in {len(hit)} of "
+            f"{len(counted)} runs (up to {hit.max():.0%})")
 
 
 def setup(rows: pd.DataFrame) -> str:
