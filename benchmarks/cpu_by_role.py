@@ -20,10 +20,12 @@ of CPU per exchange:
   every object the C API makes, wherever it is called from), `numpy`, `other`.
 
 Beside them, from the same run: raw TCP's CPU per exchange (`data_path.py`'s raw run in its
-fastest layout: the same bytes between the same processes, no framing), and the CPU an exchange
-0.8 as fast as raw TCP may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU /
-0.8, `budget_at_goal_ms`; `data_path.py` prints the same budget). The last line of stdout is one JSON
-object; `--out FILE` also writes it there (atomically).
+fastest layout: the same bytes between the same processes, no framing), the CPU an exchange 0.8
+as fast as raw TCP may use when it keeps the cores as busy as raw TCP does (raw TCP's CPU / 0.8,
+`budget_at_goal_ms`; `data_path.py` prints the same budget), and every system's CPU by side
+(`by_side_ms`: raw TCP's receiver and workers, the ideal server's, phub's server cores and
+workers), which says on which side phub spends what the others do not. The last line of stdout
+is one JSON object; `--out FILE` also writes it there (atomically).
 
 perf must be installed and allowed to sample every process (root, or
 kernel.perf_event_paranoid <= 0); otherwise this exits with status 2 saying so.
@@ -97,6 +99,12 @@ def samples_by_role(lines) -> dict:
     return counts
 
 
+def sides(runs) -> dict:
+    """The median CPU per exchange (ms) of raw runs' receiver and of their workers (`best_raw_tcp`)."""
+    return {"server": round(statistics.median(run["echo_cpu"] for run in runs) * 1e3, 1),
+            "workers": round(statistics.median(run["cpu"] - run["echo_cpu"] for run in runs) * 1e3, 1)}
+
+
 def profile(model: str, workers: int, cores: int, chunk_bytes: int, exchanges: int, hz: int, folder: str):
     """One run of `exchanges` exchanges under perf: (counts by role and kind, seconds per exchange)."""
     data = os.path.join(folder, f"perf-{exchanges}.data")
@@ -155,13 +163,18 @@ def main() -> int:
     seconds = statistics.median(seconds)
     totals = {kind: round(sum(table[role][kind] for role in ROLES), 1) for kind in KINDS}
     nbytes = load_model(args.model).bytes
-    tcp_cpu = statistics.median(best_raw_tcp(nbytes, args.workers)["cpu"] for _ in range(args.repeats))
+    raw = [best_raw_tcp(nbytes, args.workers) for _ in range(args.repeats)]
+    ideal = [best_raw_tcp(nbytes, args.workers, update=True) for _ in range(args.repeats)]
+    tcp_cpu = statistics.median(run["cpu"] for run in raw)
+    by_side = {"raw_tcp": sides(raw), "ideal_server": sides(ideal),
+               "phub": {"server": round(sum(table["server-core"].values()), 1),
+                        "workers": round(sum(sum(table[role].values()) for role in ("worker-io", "worker-main")), 1)}}
     summary = {"benchmark": "cpu_by_role", "model": args.model, "workers": args.workers, "server_cores": cores,
                "chunk_bytes": args.chunk_bytes,
                "exchanges": args.exchanges, "phub_seconds_per_exchange": round(seconds, 5),
                "ms_per_exchange": table, "ms_per_exchange_all": totals,
                "phub_cpu_ms": round(sum(totals.values()), 1), "raw_tcp_cpu_ms": round(tcp_cpu * 1e3, 1),
-               "budget_at_goal_ms": round(tcp_cpu / GOAL_RATIO * 1e3, 1)}
+               "budget_at_goal_ms": round(tcp_cpu / GOAL_RATIO * 1e3, 1), "by_side_ms": by_side}
 
     print(f"\n{args.model}, {args.workers} workers, {cores} server core(s), {args.chunk_bytes}-byte chunks: "
           f"ms of CPU per exchange "
@@ -171,6 +184,10 @@ def main() -> int:
         print(f"{role:14s}" + "".join(f"{row[kind]:9.1f}" for kind in KINDS) + f"{sum(row.values()):9.1f}")
     print(f"raw TCP's processes: {summary['raw_tcp_cpu_ms']} ms per exchange; an exchange at {GOAL_RATIO} of raw "
           f"TCP's speed may use {summary['budget_at_goal_ms']}; phub used {summary['phub_cpu_ms']}")
+    print("by side, ms of CPU per exchange (raw TCP and the ideal server from their own CPU counts, medians of "
+          f"{args.repeats}):")
+    for name, side in by_side.items():
+        print(f"  {name:14s} server {side['server']:7.1f}   workers {side['workers']:7.1f}")
     if args.out:
         write_json(args.out, summary, indent=1)
     print(json.dumps(summary))
