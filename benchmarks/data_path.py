@@ -62,7 +62,9 @@ phub's exchange spent in all (its processes' share of the cores busy, times the 
 time) and `phub_beyond_us_per_frame` its part beyond sockets and pass, per frame.
 
 Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
-turn, so a slow drift of the machine hits all alike. On a virtual machine the hypervisor may give
+turn, so a slow drift of the machine hits all alike; `ratios_by_repeat` gives the main ratios of
+each block by itself (phub and the ideal server over raw TCP, phub over the ideal server), whose
+spread says how far one run of the benchmark can be trusted on this machine. On a virtual machine the hypervisor may give
 its cores to other guests at any time, which no repeat order cancels: `steal_share` says, for
 each system, the median share of all cores' time the hypervisor took while it was measured
 (/proc/stat's steal; `experiments.monitor`), each line of progress names it where it reached
@@ -346,6 +348,9 @@ def main() -> int:
         "ideal_server_cpu_s_per_exchange": round(median(ideal_cpu), 5),
         "ideal_receiver_cpu_s_per_exchange": round(median(ideal_receiver_cpu), 5),
         "ratio_phub_over_pslite-central": round(phub_s / pslite_s, 3),
+        "ratios_by_repeat": {"phub_over_tcp_bound": [round(t / p, 3) for t, p in zip(tcp, exchange["phub"])],
+                             "ideal_server_over_tcp_bound": [round(t / i, 3) for t, i in zip(tcp, ideal)],
+                             "phub_over_ideal_server": [round(i / p, 3) for i, p in zip(ideal, exchange["phub"])]},
         "budget_at_goal": budget,
         "seconds": {"tcp": round(tcp_s, 5), "ideal_server": round(ideal_s, 5), "phub": round(phub_s, 5),
                     "pslite-central": round(pslite_s, 5),
@@ -367,6 +372,9 @@ def main() -> int:
           f"{budget['left_s'] * 1e3:.1f} ms ({budget['left_us_per_frame']} us for each of the {budget['frames']} "
           f"frames); copying each round's first copies into their slots alone takes {budget['hold_s'] * 1e3:.1f} ms; "
           f"phub spends {budget['phub_beyond_us_per_frame']} us per frame beyond sockets and pass")
+    print("  the same ratios block by block (each from its own block's runs alone): "
+          + "; ".join(f"{name.replace('_', ' ')} {min(values)}-{max(values)}"
+                      for name, values in summary["ratios_by_repeat"].items()))
     print(f"  phub / ps-lite (one server): {summary['ratio_phub_over_pslite-central']} (goal <= 0.55)")
     if "ratio_phub_one_core_over_tcp_bound" in summary:
         print(f"  phub on one server core: {summary['ratio_phub_one_core_over_tcp_bound']} of raw TCP, "
