@@ -64,13 +64,13 @@ time) and `phub_beyond_us_per_frame` its part beyond sockets and pass, per frame
 Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
 turn, so a slow drift of the machine hits all alike; `ratios_by_repeat` gives the main ratios of
 each block by itself (phub and the ideal server over raw TCP, phub over the ideal server), whose
-spread says how far one run of the benchmark can be trusted on this machine. On a virtual machine the hypervisor may give
-its cores to other guests at any time, which no repeat order cancels: `steal_share` says, for
-each system, the median share of all cores' time the hypervisor took while it was measured
-(/proc/stat's steal; `experiments.monitor`), each line of progress names it where it reached
-5%, and the summary warns when a median did. phub's CPU time (`phub_cpu_s`) leaves it out. The
-last line of stdout is one JSON object with the keys above; `--out FILE` also writes it there
-(atomically).
+spread says how far one run of the benchmark can be trusted on this machine. On a virtual
+machine the hypervisor may give its cores to other guests at any time, which no repeat order
+cancels: `steal_share` says, for each system, the median share of all cores' time the hypervisor
+took while it was measured (/proc/stat's steal; `experiments.monitor`), each line of progress
+names it where it reached 5%, and the summary warns when a median did. phub's CPU time
+(`phub_cpu_s`) leaves it out. The last line of stdout is one JSON object with the keys above;
+`--out FILE` also writes it there (atomically).
 """
 import argparse
 import json

@@ -10,8 +10,8 @@ median over repeats of its run's median seconds per iteration; the ratios are ph
 each other system's (below 1: phub is faster). A run during which the hypervisor of a virtual
 machine took 5% or more of the cores' time says so (`steal_share`: each system's median share,
 see experiments.monitor). The last line of stdout is one JSON object: {"seconds": {system: s},
-"ratio_phub_over_<system>": r, "steal_share": {system: share}, ..., settings}. `--out FILE` also writes
-it there (atomically) together with every run's row.
+"ratio_phub_over_<system>": r, "steal_share": {system: share}, ..., settings}. `--out FILE`
+also writes it there (atomically) together with every run's row.
 """
 import argparse
 import json
