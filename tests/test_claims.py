@@ -295,20 +295,26 @@ def test_old_rows_without_verify_kind_are_kept_and_said_so():
     assert "dropped" not in c.reason and "1 run(s) not verified" in c.reason
 
 
-def test_a_differ_names_the_cpu_time_the_hypervisor_took_from_its_runs():
-    def pair_reason(steal):
+def test_a_differ_names_the_cpu_time_the_hypervisor_took_when_it_cost_its_runs_time():
+    def pair_reason(steal, seconds):
         rows = []
         for system, rate in (("phub", 100.0), ("pshard", 10.0)):
             rows += [row(experiment="scaling", system=system, workers=4, exchanges_per_s=rate * 4, compute="zero",
-                         point=f"{system}-4", repeat=r, cpu_steal=s) for r, s in enumerate(steal[system])]
+                         point=f"{system}-4", repeat=r, cpu_steal=c, seconds_per_iteration=s)
+                     for r, (c, s) in enumerate(zip(steal[system], seconds[system]))]
         pair = one(claims_of(rows), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
         assert pair.verdict == DIFFER
         return pair.reason
 
-    reason = pair_reason({"phub": [0.01, 0.12, 0.05], "pshard": [0.0, 0.02, math.nan]})
-    assert "the hypervisor took 5% or more of this machine's CPU time in 2 of 5 runs (up to 12%)" in reason
-    assert "Cause unknown." in pair_reason({"phub": [0.01, 0.02, 0.0], "pshard": [0.04, 0.0, 0.0]})
-    assert "Cause unknown." in pair_reason({"phub": [math.nan] * 3, "pshard": [math.nan] * 3})  # not measured
+    steady = {"phub": [1.0, 1.0, 1.0], "pshard": [2.0, 2.0, 2.0]}
+    slowed = {"phub": [1.0, 1.3, 1.0], "pshard": [2.0, 2.0, 2.0]}
+    some = {"phub": [0.01, 0.12, 0.0], "pshard": [0.0, 0.02, math.nan]}
+    assert ("the hypervisor took 5% or more of this machine's CPU time in 1 of 5 runs (up to 12%); those runs "
+            "took 1.30–1.30 × their points' runs without") in pair_reason(some, slowed)
+    assert "Cause unknown." in pair_reason(some, steady)  # it took time from them, but none that showed
+    everywhere = {"phub": [0.1, 0.2, 0.1], "pshard": [0.0, 0.0, 0.0]}  # nothing to compare phub's runs with
+    assert "in 3 of 6 runs (up to 20%)." in pair_reason(everywhere, steady)
+    assert "Cause unknown." in pair_reason({"phub": [math.nan] * 3, "pshard": [math.nan] * 3}, slowed)  # not measured
 
 
 def test_a_differ_names_the_tcp_timeouts_that_cost_its_runs_time():

@@ -70,45 +70,50 @@ def causes(rows: pd.DataFrame, paper_workers: int = PAPER_WORKERS) -> str:
     return "; ".join(found) if found else CAUSE_UNKNOWN
 
 
-STALLED = 1.1  # a run with TCP timeouts this much slower than its point's runs without them lost time to them
+STALLED = 1.1  # a run this much slower than its point's runs without the trouble lost time to it
 
 
 def tcp_stalls(rows: pd.DataFrame) -> str:
     """The TCP retransmission timeouts the rows' runs took on the emulated links, in words, when
-    they cost time: some run with timeouts took at least STALLED times the median of its point's
-    runs without any, or no run with timeouts can be compared so (each of its point's repeats took
-    some); "" otherwise."""
+    they cost time (see `_cost`); "" otherwise."""
     if "tcp_timeouts" not in rows:
         return ""
     counted = rows.dropna(subset=["tcp_timeouts", "seconds_per_iteration"])
-    hit = counted[counted["tcp_timeouts"] > 0]
-    if hit.empty:
-        return ""
-    slower = []
-    for _, point in counted.groupby(["experiment", "point"]):
-        clean = point.loc[point["tcp_timeouts"] == 0, "seconds_per_iteration"].median()
-        slower += [s / clean for s in point.loc[point["tcp_timeouts"] > 0, "seconds_per_iteration"] if clean > 0]
-    if slower and max(slower) < STALLED:
-        return ""  # the runs that can be compared kept their points' pace
-    text = (f"TCP retransmission timeouts (at least 200 ms each) on the emulated links in {len(hit)} of "
-            f"{len(counted)} runs, {int(hit['tcp_timeouts'].sum())} in all")
-    if slower:
-        text += f"; those runs took {min(slower):.2f}–{max(slower):.2f} × their points' runs without"
-    return text
+    hit = counted["tcp_timeouts"] > 0
+    return _cost(counted, hit, f"TCP retransmission timeouts (at least 200 ms each) on the emulated links in "
+                               f"{int(hit.sum())} of {len(counted)} runs, {int(counted['tcp_timeouts'].sum())} in all")
 
 
 def hypervisor_steal(rows: pd.DataFrame) -> str:
     """The CPU time the hypervisor of a virtual machine took during the rows' runs (`cpu_steal`,
-    experiments.monitor), in words, when some run lost at least STOLEN of its cores' time to it;
-    "" otherwise (and for rows of runs that did not measure it)."""
+    experiments.monitor), in words, when some run lost at least STOLEN of its cores' time to it
+    and that cost time (see `_cost`); "" otherwise, and for runs that did not measure it."""
     if "cpu_steal" not in rows:
         return ""
-    counted = rows["cpu_steal"].dropna()
-    hit = counted[counted >= STOLEN]
-    if hit.empty:
+    counted = rows.dropna(subset=["cpu_steal", "seconds_per_iteration"])
+    hit = counted["cpu_steal"] >= STOLEN
+    most = counted.loc[hit, "cpu_steal"].max() if hit.any() else 0.0
+    return _cost(counted, hit, f"the hypervisor took {STOLEN:.0%} or more of this machine's CPU time in "
+                               f"{int(hit.sum())} of {len(counted)} runs (up to {most:.0%})")
+
+
+def _cost(counted: pd.DataFrame, hit: pd.Series, words: str) -> str:
+    """`words` when the runs marked in `hit` lost time to what marked them: some such run took at
+    least STALLED times the median of its point's unmarked runs, or none can be compared so (each
+    of its point's repeats was marked), with how much slower they were; "" when none is marked or
+    every one that can be compared kept its point's pace."""
+    if not hit.any():
         return ""
-    return (f"the hypervisor took {STOLEN:.0%} or more of this machine's CPU time in {len(hit)} of "
-            f"{len(counted)} runs (up to {hit.max():.0%})")
+    slower = []
+    for _, point in counted.groupby(["experiment", "point"]):
+        marked = hit.loc[point.index]
+        clean = point.loc[~marked, "seconds_per_iteration"].median()
+        slower += [s / clean for s in point.loc[marked, "seconds_per_iteration"] if clean > 0]
+    if slower and max(slower) < STALLED:
+        return ""
+    if slower:
+        words += f"; those runs took {min(slower):.2f}–{max(slower):.2f} × their points' runs without"
+    return words
 
 
 def setup(rows: pd.DataFrame) -> str:
