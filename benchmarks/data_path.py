@@ -58,8 +58,10 @@ chunks of one exchange). What is left (`left_s`, and `left_us_per_frame` over th
 pushes and results) is all a server and its workers may spend on everything else: framing,
 keeping each round's first copies until the last arrives (`hold_s`: that copy alone, from a
 read buffer into the slots, chunk by chunk, at most). `phub_cpu_s` is what
-phub's exchange spent in all (its processes' share of the cores busy, times the exchange's
-time) and `phub_beyond_us_per_frame` its part beyond sockets and pass, per frame.
+phub's exchange spent in all (the CPU of its server's and workers' processes, in cores, times
+the exchange's time; until 2026-12-06 the whole machine's busy share, which also held the
+harness and the time the hypervisor took) and `phub_beyond_us_per_frame` its part beyond
+sockets and pass, per frame.
 
 Every figure is the median over `--repeats` blocks. Each block runs the compared systems in
 turn, so a slow drift of the machine hits all alike; `ratios_by_repeat` gives the main ratios of
@@ -68,9 +70,8 @@ spread says how far one run of the benchmark can be trusted on this machine. On 
 machine the hypervisor may give its cores to other guests at any time, which no repeat order
 cancels: `steal_share` says, for each system, the median share of all cores' time the hypervisor
 took while it was measured (/proc/stat's steal; `experiments.monitor`), each line of progress
-names it where it reached 5%, and the summary warns when a median did. phub's CPU time
-(`phub_cpu_s`) leaves it out. The last line of stdout is one JSON object with the keys above;
-`--out FILE` also writes it there (atomically).
+names it where it reached 5%, and the summary warns when a median did. The last line of stdout
+is one JSON object with the keys above; `--out FILE` also writes it there (atomically).
 """
 import argparse
 import json
@@ -286,9 +287,8 @@ def main() -> int:
             steal[name].append(stolen)
             if name == "phub":
                 exchange_chunk = row["chunk_bytes"]
-                if row["bound"].get("cpu_busy") is not None:
-                    busy = row["bound"]["cpu_busy"] - (stolen or 0.0)  # the hypervisor's time is not phub's
-                    phub_cpu.append(busy * os.cpu_count() * row["seconds_per_iteration"])
+                if row["bound"].get("processes_cpu") is not None:  # phub's processes alone, in cores
+                    phub_cpu.append(row["bound"]["processes_cpu"] * row["seconds_per_iteration"])
             print(f"repeat {repeat}: {name:14s} {exchange[name][-1] * 1e3:8.1f} ms per exchange{stolen_words(stolen)}",
                   file=sys.stderr, flush=True)
         for size in sizes:

@@ -37,6 +37,7 @@ def test_steady_rates_come_out_exactly():
     assert got["cpu_busy"] == pytest.approx(0.5, abs=1e-3)  # 1 core-second per second of 2 cores
     assert got["busiest_process"] == "phub server" and got["busiest_process_cpu"] == pytest.approx(0.7, abs=1e-3)
     assert got["service_cpu"] == pytest.approx(0.7, abs=1e-3)
+    assert got["processes_cpu"] == pytest.approx(0.3 + 0.15 + 0.7, abs=1e-3)  # both workers and the server
     assert got["link_utilization"] == pytest.approx(5e6 * 8 / 100e6, abs=1e-3)  # the busiest direction: worker rx
     assert got["bound"] == "mixed"  # the server used 0.7 of a core while its links were not full
 

@@ -20,6 +20,9 @@ half of the span in which any was, that one) and works out:
 * ``link_utilization``: the busiest link direction of a worker or server node, bytes x 8 /
   (configured rate x timed seconds) (None on loopback, where links have no rate);
 * ``service_cpu``: the CPU of the processes that are not workers (servers, schedulers), in cores;
+* ``processes_cpu``: the CPU of every process started under the runner, workers included, in
+  cores (what the run itself used of ``cpu_busy``, which also counts the harness and the rest
+  of the machine);
 * ``tcp_retransmits`` / ``tcp_timeouts``: on an emulated network, the TCP segments the run's
   namespaces sent again and the retransmission timeouts they took (/proc/PID/net/snmp and
   netstat), between the samples around the window: a timeout stalls its connection for at least
@@ -375,7 +378,8 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
     service = sum(u for pid, u in usage.items() if pid not in rank_of) if usage else None
     losses = _losses(samples, start, end) if host_mbit else (None, None)
     return {"cpu_busy": _round(cpu_busy), "cpu_steal": _round(cpu_steal), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
-            "service_cpu": _round(service), "link_utilization": _round(link),
+            "service_cpu": _round(service), "processes_cpu": _round(sum(usage.values())) if usage else None,
+            "link_utilization": _round(link),
             "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed),
             "tcp_retransmits": losses[0], "tcp_timeouts": losses[1]}
 
