@@ -295,46 +295,41 @@ def test_old_rows_without_verify_kind_are_kept_and_said_so():
     assert "dropped" not in c.reason and "1 run(s) not verified" in c.reason
 
 
-def test_a_differ_names_the_cpu_time_the_hypervisor_took_when_it_cost_its_runs_time():
-    def pair_reason(steal, seconds):
-        rows = []
-        for system, rate in (("phub", 100.0), ("pshard", 10.0)):
-            rows += [row(experiment="scaling", system=system, workers=4, exchanges_per_s=rate * 4, compute="zero",
-                         point=f"{system}-4", repeat=r, cpu_steal=c, seconds_per_iteration=s)
-                     for r, (c, s) in enumerate(zip(steal[system], seconds[system]))]
-        pair = one(claims_of(rows), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
-        assert pair.verdict == DIFFER
-        return pair.reason
+def pair_reason(column, marks, seconds):
+    """The reason of the phub / pshard pair at 4 workers, a differ, whose runs carry `marks` (per
+    system, per repeat) in `column` and took `seconds`."""
+    rows = []
+    for system, rate in (("phub", 100.0), ("pshard", 10.0)):
+        rows += [row(experiment="scaling", system=system, workers=4, exchanges_per_s=rate * 4, compute="zero",
+                     point=f"{system}-4", repeat=r, seconds_per_iteration=s, **{column: m})
+                 for r, (m, s) in enumerate(zip(marks[system], seconds[system]))]
+    pair = one(claims_of(rows), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
+    assert pair.verdict == DIFFER
+    return pair.reason
 
-    steady = {"phub": [1.0, 1.0, 1.0], "pshard": [2.0, 2.0, 2.0]}
+
+STEADY = {"phub": [1.0, 1.0, 1.0], "pshard": [2.0, 2.0, 2.0]}
+
+
+def test_a_differ_names_the_cpu_time_the_hypervisor_took_when_it_cost_its_runs_time():
     slowed = {"phub": [1.0, 1.3, 1.0], "pshard": [2.0, 2.0, 2.0]}
     some = {"phub": [0.01, 0.12, 0.0], "pshard": [0.0, 0.02, math.nan]}
     assert ("the hypervisor took 5% or more of this machine's CPU time in 1 of 5 runs (up to 12%); those runs "
-            "took 1.30–1.30 × their points' runs without") in pair_reason(some, slowed)
-    assert "Cause unknown." in pair_reason(some, steady)  # it took time from them, but none that showed
+            "took 1.30–1.30 × their points' runs without") in pair_reason("cpu_steal", some, slowed)
+    assert "Cause unknown." in pair_reason("cpu_steal", some, STEADY)  # it took time from them, but none that showed
     everywhere = {"phub": [0.1, 0.2, 0.1], "pshard": [0.0, 0.0, 0.0]}  # nothing to compare phub's runs with
-    assert "in 3 of 6 runs (up to 20%)." in pair_reason(everywhere, steady)
-    assert "Cause unknown." in pair_reason({"phub": [math.nan] * 3, "pshard": [math.nan] * 3}, slowed)  # not measured
+    assert "in 3 of 6 runs (up to 20%)." in pair_reason("cpu_steal", everywhere, STEADY)
+    unmeasured = {"phub": [math.nan] * 3, "pshard": [math.nan] * 3}
+    assert "Cause unknown." in pair_reason("cpu_steal", unmeasured, slowed)
 
 
 def test_a_differ_names_the_tcp_timeouts_that_cost_its_runs_time():
-    def pair_reason(timeouts, seconds):
-        rows = []
-        for system, rate in (("phub", 100.0), ("pshard", 10.0)):
-            rows += [row(experiment="scaling", system=system, workers=4, exchanges_per_s=rate * 4, compute="zero",
-                         point=f"{system}-4", repeat=r, tcp_timeouts=t, seconds_per_iteration=s)
-                     for r, (t, s) in enumerate(zip(timeouts[system], seconds[system]))]
-        pair = one(claims_of(rows), "PHub / PShard exchanges/s at 4 workers (ours: phub / pshard)")
-        assert pair.verdict == DIFFER
-        return pair.reason
-
-    steady = {"phub": [1.0, 1.0, 1.0], "pshard": [2.0, 2.0, 2.0]}
     slowed = {"phub": [1.0, 1.5, 1.0], "pshard": [2.0, 2.0, 2.0]}
     some = {"phub": [0, 3, 0], "pshard": [0, 0, 0]}
     assert ("TCP retransmission timeouts (at least 200 ms each) on the emulated links in 1 of 6 runs, 3 in all; "
-            "those runs took 1.50–1.50 × their points' runs without") in pair_reason(some, slowed)
-    assert "Cause unknown." in pair_reason(some, steady)  # the timeouts cost no time
+            "those runs took 1.50–1.50 × their points' runs without") in pair_reason("tcp_timeouts", some, slowed)
+    assert "Cause unknown." in pair_reason("tcp_timeouts", some, STEADY)  # the timeouts cost no time
     everywhere = {"phub": [1, 1, 1], "pshard": [0, 0, 0]}  # nothing to compare phub's runs with
-    reason = pair_reason(everywhere, steady)
+    reason = pair_reason("tcp_timeouts", everywhere, STEADY)
     assert "timeouts (at least 200 ms each) on the emulated links in 3 of 6 runs, 3 in all." in reason
-    assert "Cause unknown." in pair_reason({"phub": [0] * 3, "pshard": [0] * 3}, slowed)
+    assert "Cause unknown." in pair_reason("tcp_timeouts", {"phub": [0] * 3, "pshard": [0] * 3}, slowed)
