@@ -225,7 +225,7 @@ def c_seconds_per_exchange(nbytes: int, workers: int, update: bool = False, sock
 
 def congestion_control() -> str:
     """This machine's TCP congestion control, which loopback runs (raw and phub alike) use: it
-    moves their figures (see the README's data path section); '' where it cannot be read."""
+    moves their figures (measured: docs/data-path-log.md); '' where it cannot be read."""
     try:
         with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
             return f.read().strip()

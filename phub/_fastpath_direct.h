@@ -5,7 +5,7 @@
  * caller's output array, together with the next frame's header; one system call per frame and no
  * copy in user space. The system call per frame only pays off for large chunks (see
  * transport.DIRECT_MIN_BYTES). A server core keeps its staged reads: there a round's last copy
- * is never copied anyway, and reading each push by itself measured slower (see the README).
+ * is never copied anyway, and reading each push by itself measured slower (docs/data-path-log.md).
  * Included by _fastpath.c, after the helpers it uses.
  *
  * A link's reading position lives in its `cursor` (a bytearray of CURSOR_BYTES, see

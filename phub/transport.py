@@ -187,7 +187,7 @@ class Link:
 # How a staged link hands the bytes it read to a C loop (phub/_fastpath.c): (link, staging, start,
 # end) -> (offset of the first byte not consumed, whether a frame for the Python path starts there).
 FastFrames = Callable[["Link", memoryview, int, int], Tuple[int, bool]]
-STAGING_BYTES = 1024 * 1024  # a staged link's read size, unless chunks are larger (see the README)
+STAGING_BYTES = 1024 * 1024  # a staged link's read size, unless chunks are larger (measured: docs/data-path-log.md)
 
 
 def staging_capacity(chunk_bytes: int) -> int:
@@ -261,7 +261,7 @@ try:
 except ImportError:  # not built: no C readers, no direct links
     CURSOR_BYTES = 0
 # The smallest chunk a worker's direct link pays off for: below it, the system call per frame
-# costs more than the staged link's copy (measured, see the README's data path section).
+# costs more than the staged link's copy (measured: docs/data-path-log.md).
 DIRECT_MIN_BYTES = 16 * 1024
 
 
