@@ -29,10 +29,21 @@ class ServerReportedError(JobFailed):
     """A server core sent ERROR: it gave up on the job (the text is its message)."""
 
 
+# An `expect` entry is (destination bytes, awaited), and `awaited` is [iteration, handle], shared
+# by the entries of one operation: a tuple and a list rather than objects with names, because the
+# C loops of phub/_fastpath.c read them by position, per result. Python reads them by these names.
+DESTINATION, AWAITED = 0, 1
+ITERATION, HANDLE = 0, 1
+
+
 def awaited_by(iteration: int, handle) -> list:
-    """What the `expect` entries of one operation share: [iteration, handle]. An entry is
-    (destination bytes, awaited); the C loops of phub/_fastpath.c read it the same way."""
+    """What the `expect` entries of one operation share (see AWAITED)."""
     return [iteration, handle]
+
+
+def entry_handle(entry: tuple):
+    """The `Handle` an `expect` entry counts its result in for."""
+    return entry[AWAITED][HANDLE]
 
 
 class KeyResults:
@@ -118,14 +129,14 @@ class WorkerProtocol:
             raise ProtocolError(f"the server sent a {header.kind.name} data frame")
         wire.check_chunk(header, self.chunk_nbytes, lambda cid: lanes[cid] == lane)
         expected = self.expect.get(header.chunk)
-        if expected is None or expected[1][0] != header.iteration:
+        if expected is None or expected[AWAITED][ITERATION] != header.iteration:
             raise ProtocolError(f"unexpected RESULT for chunk {header.chunk} iteration {header.iteration}")
-        return expected[0]
+        return expected[DESTINATION]
 
     def frame_received(self, lane: int, frame: wire.Frame) -> None:
         kind = frame.header.kind
         if kind is wire.Kind.RESULT:  # its payload is in place already (payload_target)
-            self.expect.pop(frame.header.chunk)[1][1]._arrived()
+            entry_handle(self.expect.pop(frame.header.chunk))._arrived()
         elif kind is wire.Kind.READY:
             body = frame.json()
             batch = messages.ready(body)
@@ -157,8 +168,8 @@ class WorkerProtocol:
         """The job is over for this worker (the first error is the one kept): wake every waiter."""
         if self.error is None:
             self.error = error
-        for _, (_, handle) in list(self.expect.values()):
-            handle._event.set()
+        for entry in list(self.expect.values()):
+            entry_handle(entry)._event.set()
         for _, handle in list(self.expect_state.values()):
             handle._event.set()
         for handle in [*self.ready_waiters.values(), *self.share_waiters.values(), self.optimizer_acks]:

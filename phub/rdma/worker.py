@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..chunking import ITEMSIZE, ChunkPlan
 from ..errors import ProtocolError
+from ..protocol.worker import DESTINATION, entry_handle
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
 from .layout import CoreRegistration, WorkerRegistration, core_lanes
@@ -132,13 +133,13 @@ class WorkerVerbs:
         """Copy each landed result to where the client awaits it (`expect`: chunk id ->
         (destination bytes, [iteration, handle])) and count it in; ProtocolError for one not awaited."""
         for chunk_id in self.poll():
-            awaited = expect.pop(chunk_id, None)
-            if awaited is None:
+            entry = expect.pop(chunk_id, None)
+            if entry is None:
                 raise ProtocolError(f"the server wrote a result for chunk {chunk_id}, which is not awaited")
             batch = self.plan.chunks[chunk_id].batch
             offset, nbytes = self.layouts[batch].result(chunk_id)
-            awaited[0][:] = self.regions[batch].memory.bytes(offset, nbytes)
-            awaited[1][1]._arrived()
+            entry[DESTINATION][:] = self.regions[batch].memory.bytes(offset, nbytes)
+            entry_handle(entry)._arrived()
 
     def close(self) -> None:
         self.nic.close()
