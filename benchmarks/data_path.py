@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How close phub's data path gets to the machine's limits, on loopback, in one run.
 
-    python benchmarks/data_path.py [--model resnet50] [--workers 2] [--repeats 3] [--cores 1]
+    python benchmarks/data_path.py [--model resnet50] [--workers 2] [--repeats 3] [--cores N]
         [--chunk-sizes 1024,4096,32768] [--rate-chunks 4096] [--out FILE]
 
 Three limits, each measured here rather than assumed:
