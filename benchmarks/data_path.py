@@ -218,6 +218,14 @@ def cpu_budget(cpu_s: float, sockets_s: float, kernel_s: float, hold_s: float, f
             "phub_beyond_us_per_frame": None if beyond is None else round(beyond / frames * 1e6, 2)}
 
 
+def _print_raw_run(repeat: int, name: str, receiver: str, run: dict) -> None:
+    """One progress line for a `best_raw_tcp` run: its time, CPU and every layout's time."""
+    print(f"repeat {repeat}: {name:14s} {run['seconds'] * 1e3:8.1f} ms per exchange{stolen_words(run['steal'])} "
+          f"({run['cpu'] * 1e3:.0f} ms of CPU, {run['echo_cpu'] * 1e3:.0f} ms of it the {receiver}'s; the fastest of "
+          + ", ".join(f"{layout} {seconds * 1e3:.1f}" for layout, seconds in run["layouts"].items()) + ")",
+          file=sys.stderr, flush=True)
+
+
 def one_core(one_core_s, tcp_s: float, pslite_s: float) -> dict:
     """The summary's ratios of phub on one server core, when it ran beside the main layout."""
     if one_core_s is None:
@@ -264,20 +272,14 @@ def main() -> int:
         steal["tcp"].append(bound["steal"])
         for name, seconds in bound["layouts"].items():
             layouts.setdefault(name, []).append(seconds)
-        print(f"repeat {repeat}: raw TCP        {tcp[-1] * 1e3:8.1f} ms per exchange{stolen_words(bound['steal'])} "
-              f"({bound['cpu'] * 1e3:.0f} ms of CPU, {bound['echo_cpu'] * 1e3:.0f} ms of it the receiver's; the "
-              "fastest of " + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in bound["layouts"].items())
-              + ")", file=sys.stderr, flush=True)
+        _print_raw_run(repeat, "raw TCP", "receiver", bound)
         best = best_raw_tcp(model_bytes, args.workers, update=True)
         ideal_layouts.append(best["layout"])
         ideal.append(best["seconds"])
         ideal_cpu.append(best["cpu"])
         ideal_receiver_cpu.append(best["echo_cpu"])
         steal["ideal_server"].append(best["steal"])
-        print(f"repeat {repeat}: ideal server   {ideal[-1] * 1e3:8.1f} ms per exchange{stolen_words(best['steal'])} "
-              f"({best['cpu'] * 1e3:.0f} ms of CPU, {best['echo_cpu'] * 1e3:.0f} ms of it the server's; the fastest "
-              "of " + ", ".join(f"{name} {seconds * 1e3:.1f}" for name, seconds in best["layouts"].items()) + ")",
-              file=sys.stderr, flush=True)
+        _print_raw_run(repeat, "ideal server", "server", best)
         for name, options in runs.items():
             system = name.partition("-one-core")[0]
             row = run_exchanges(system, args.model, args.workers, args.iterations, 1, options=options, quiet=True)[0]

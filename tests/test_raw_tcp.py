@@ -62,4 +62,3 @@ def test_the_bound_is_the_fastest_layout(update):
     assert_timed(best)
     assert set(best["layouts_steal"]) == names and all(0 <= s <= 1 for s in best["layouts_steal"].values())
     assert best["steal"] == best["layouts_steal"][best["layout"]]
-

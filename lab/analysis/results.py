@@ -42,8 +42,8 @@ INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat", "
            "chunks_per_worker", "job")
 REAL = ("oversubscription", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
         "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "cpu_busy",
-        "cpu_steal", "busiest_process_cpu", "link_utilization", "tcp_retransmits", "tcp_timeouts", "chunks_per_s_per_core",
-        "gbit_per_s_per_core")
+        "cpu_steal", "busiest_process_cpu", "link_utilization", "tcp_retransmits", "tcp_timeouts",
+        "chunks_per_s_per_core", "gbit_per_s_per_core")
 BOOLEAN = ("verified",)
 COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores",
            "chunk_bytes", "oversubscription", "network", "setting", "link_gbps",

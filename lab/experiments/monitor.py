@@ -377,10 +377,11 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
     busiest_cpu = usage.get(busiest) if busiest is not None else None
     service = sum(u for pid, u in usage.items() if pid not in rank_of) if usage else None
     losses = _losses(samples, start, end) if host_mbit else (None, None)
-    return {"cpu_busy": _round(cpu_busy), "cpu_steal": _round(cpu_steal), "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
+    return {"cpu_busy": _round(cpu_busy), "cpu_steal": _round(cpu_steal),
+            "busiest_process": name, "busiest_process_cpu": _round(busiest_cpu),
             "service_cpu": _round(service), "processes_cpu": _round(sum(usage.values())) if usage else None,
-            "link_utilization": _round(link),
-            "bound": classify(cpu_busy, busiest_cpu, link), "timed_seconds": _round(timed),
+            "link_utilization": _round(link), "bound": classify(cpu_busy, busiest_cpu, link),
+            "timed_seconds": _round(timed),
             "tcp_retransmits": losses[0], "tcp_timeouts": losses[1]}
 
 
