@@ -180,12 +180,104 @@ set_int(PyObject *obj, PyObject *name, long long value)
     return status;
 }
 
-/* The rank whose copy arrived first in a round whose arrival mask is `mask` (with two workers,
- * the only bit set before the second copy). */
-static inline int
+/* A round's arrival mask (ChunkState.mask: bit r set when rank r's copy is in) is a Python int
+ * as wide as the job. A job of up to NARROW_WORKERS workers keeps it in a long long; a wider one
+ * (the configuration allows thousands of workers) is read and written as the int it is, with the
+ * three operations below: slower per push, but the same arithmetic as aggregation.py's. */
+#define NARROW_WORKERS 63
+
+/* Whether bit `rank` of the wide mask `mask` is set: 1 or 0, -1 with an exception set. */
+static int
+wide_mask_has(PyObject *mask, long long rank)
+{
+    PyObject *shift = PyLong_FromLongLong(rank), *shifted = NULL;
+    if (shift == NULL || (shifted = PyNumber_Rshift(mask, shift)) == NULL) {
+        Py_XDECREF(shift);
+        return -1;
+    }
+    Py_DECREF(shift);
+    unsigned long long low = PyLong_AsUnsignedLongLongMask(shifted); /* its low bits */
+    Py_DECREF(shifted);
+    return low == (unsigned long long)-1 && PyErr_Occurred() ? -1 : (int)(low & 1);
+}
+
+/* The wide mask `mask` with bit `rank` set, as a new reference (NULL with an exception set). */
+static PyObject *
+wide_mask_with(PyObject *mask, long long rank)
+{
+    PyObject *one = PyLong_FromLong(1), *shift = PyLong_FromLongLong(rank), *bit = NULL, *result = NULL;
+    if (one != NULL && shift != NULL && (bit = PyNumber_Lshift(one, shift)) != NULL) {
+        result = PyNumber_Or(mask, bit);
+    }
+    Py_XDECREF(one);
+    Py_XDECREF(shift);
+    Py_XDECREF(bit);
+    return result;
+}
+
+/* The rank whose copy arrived first in a round whose arrival mask is `mask` (the only bit set
+ * before the second copy): its index, as aggregation.py's mask.bit_length() - 1. */
+static inline long long
 first_arrival(long long mask)
 {
     return 63 - __builtin_clzll((unsigned long long)mask);
+}
+
+/* first_arrival of a wide mask; -1 with an exception set. */
+static long long
+wide_first_arrival(PyObject *mask)
+{
+    PyObject *bits = PyObject_CallMethod(mask, "bit_length", NULL);
+    if (bits == NULL) {
+        return -1;
+    }
+    long long first = PyLong_AsLongLong(bits) - 1;
+    Py_DECREF(bits);
+    return first;
+}
+
+/* What a push of `rank` needs from its chunk's arrival mask, `arrived` copies being in: whether
+ * rank's copy is in already (*taken), the rank whose copy came first when one is in (*first),
+ * and a narrow job's mask itself (*narrow, for add_arrival). 0, or -1 with an exception set. */
+static int
+read_arrivals(PyObject *state, long long rank, long long arrived, int wide, int *taken, long long *first,
+              long long *narrow)
+{
+    *first = -1;
+    if (!wide) {
+        long long mask = *narrow = get_int(state, s_mask);
+        if (mask < 0) {
+            return -1;
+        }
+        *taken = (int)(mask >> rank & 1);
+        if (arrived == 1) {
+            *first = first_arrival(mask);
+        }
+        return 0;
+    }
+    PyObject *mask = get_attr(state, s_mask);
+    if (mask == NULL || (*taken = wide_mask_has(mask, rank)) < 0 ||
+        (arrived == 1 && (*first = wide_first_arrival(mask)) < 0)) {
+        Py_XDECREF(mask);
+        return -1;
+    }
+    Py_DECREF(mask);
+    return 0;
+}
+
+/* Mark rank's copy in: set bit `rank` of the chunk's arrival mask (`narrow`: a narrow job's mask,
+ * as read_arrivals read it). 0, or -1 with an exception set. */
+static int
+add_arrival(PyObject *state, long long rank, int wide, long long narrow)
+{
+    if (!wide) {
+        return set_int(state, s_mask, narrow | 1LL << rank);
+    }
+    PyObject *mask = get_attr(state, s_mask), *with = mask == NULL ? NULL : wide_mask_with(mask, rank);
+    int status = with == NULL ? -1 : set_attr(state, s_mask, with);
+    Py_XDECREF(mask);
+    Py_XDECREF(with);
+    return status;
 }
 
 /* A writable float32 view of exactly `nbytes` bytes; -1 with an exception set otherwise. */
@@ -206,10 +298,11 @@ get_floats(PyObject *array, Py_ssize_t nbytes, Py_buffer *view)
 #include "_fastpath_rounds.h"
 
 /* Fold one landed push (`mine`: slots[rank], or the payload in the staging buffer when it
- * completes the round) into its chunk; append to `completed` when the round is complete. Mirrors
- * JobState.on_push. Returns -1 with an exception set on failure. */
+ * completes the round) into its chunk; append to `completed` when the round is complete.
+ * `first_rank`: the rank whose copy came first this round (read only when this push is the
+ * second). Mirrors JobState.on_push. Returns -1 with an exception set on failure. */
 static int
-fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long long arrived,
+fold(PyObject *state, PyObject *slots, PyObject *mine, long long first_rank, long long arrived,
      long long num_workers, Py_ssize_t nbytes, PyObject *completed)
 {
     if (arrived == num_workers) {
@@ -218,7 +311,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
             acc = mine;
             last = Py_None;
         } else if (arrived == 2) {
-            acc = PyList_GET_ITEM(slots, first_arrival(before));
+            acc = PyList_GET_ITEM(slots, first_rank);
         } else {
             acc = get_attr(state, s_acc);
             if (acc == NULL) {
@@ -255,7 +348,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long before, long lo
     const float *s = (const float *)src.buf;
     const Py_ssize_t n = nbytes / (Py_ssize_t)sizeof(float);
     if (arrived == 2) { /* acc = first + second, as scale(acc, first, second, 1.0) */
-        if (get_floats(PyList_GET_ITEM(slots, first_arrival(before)), nbytes, &first) < 0) {
+        if (get_floats(PyList_GET_ITEM(slots, first_rank), nbytes, &first) < 0) {
             PyBuffer_Release(&acc);
             PyBuffer_Release(&src);
             return -1;
@@ -325,10 +418,11 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     }
     int stopped_at_frame = 0;
     if (start < 0 || end > staging.len || start > end || table.len % (TABLE_COLUMNS * 4) != 0 ||
-        rank < 0 || rank >= num_workers || num_workers > 63) {
+        rank < 0 || rank >= num_workers) {
         PyErr_SetString(PyExc_ValueError, "drain_pushes: inconsistent arguments");
         goto done;
     }
+    const int wide = num_workers > NARROW_WORKERS; /* the arrival masks are wider than a long long */
     const unsigned char *base = (const unsigned char *)staging.buf;
     const int32_t *rows = (const int32_t *)table.buf;
     const Py_ssize_t chunks = table.len / (TABLE_COLUMNS * 4);
@@ -351,12 +445,13 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         }
         PyObject *state = PyList_GET_ITEM(states, chunk);
         long long rounds = get_int(state, s_rounds);
-        long long mask = rounds < 0 ? -1 : get_int(state, s_mask);
-        long long arrived = mask < 0 ? -1 : get_int(state, s_arrived);
-        if (arrived < 0) {
+        long long arrived = rounds < 0 ? -1 : get_int(state, s_arrived);
+        int taken;
+        long long first, mask = 0;
+        if (arrived < 0 || read_arrivals(state, rank, arrived, wide, &taken, &first, &mask) < 0) {
             goto done;
         }
-        if ((long long)iteration != rounds + 1 || (mask >> rank & 1)) {
+        if ((long long)iteration != rounds + 1 || taken) {
             stopped_at_frame = 1; /* out of turn: the Python path says what is wrong */
             break;
         }
@@ -369,11 +464,10 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_AssertionError, "drain_pushes: a chunk's slots are not one list entry per worker");
             goto done;
         }
-        long long before = mask;
         arrived += 1;
         const int aligned = ((uintptr_t)(h + HEADER_BYTES) & (sizeof(float) - 1)) == 0;
         if (arrived == num_workers && aligned && finishing) {
-            int finished = finish_in_place(state, slots, before, num_workers, h + HEADER_BYTES, (Py_ssize_t)length, rounds,
+            int finished = finish_in_place(state, slots, first, num_workers, h + HEADER_BYTES, (Py_ssize_t)length, rounds,
                                            chunk, lane_key, job, &optimizer, parts);
             if (finished != 0) {
                 Py_DECREF(slots);
@@ -407,9 +501,8 @@ fp_drain_pushes(PyObject *self, PyObject *args)
                 PyBuffer_Release(&slot);
             }
         }
-        if (mine == NULL || set_int(state, s_mask, before | 1LL << rank) < 0 ||
-            set_int(state, s_arrived, arrived) < 0 ||
-            fold(state, slots, mine, before, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
+        if (mine == NULL || add_arrival(state, rank, wide, mask) < 0 || set_int(state, s_arrived, arrived) < 0 ||
+            fold(state, slots, mine, first, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
             Py_XDECREF(mine);
             Py_DECREF(slots);
             goto done;

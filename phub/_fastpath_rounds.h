@@ -160,11 +160,11 @@ out:
 }
 
 /* Finish the round that the push at `payload` completes, reading that push where it landed in
- * the staging buffer (finish_round_of): the sum is the other workers' copies (slots[first] with
- * two workers, the state's acc with more) and this one. 1 done, 0 left to the usual path (nothing
- * changed), -1 error. */
+ * the staging buffer (finish_round_of): the sum is the other workers' copies (slots[first], the
+ * rank whose copy came first, with two workers; the state's acc with more) and this one. 1 done,
+ * 0 left to the usual path (nothing changed), -1 error. */
 static int
-finish_in_place(PyObject *state, PyObject *slots, long long before, long long num_workers, const unsigned char *payload,
+finish_in_place(PyObject *state, PyObject *slots, long long first, long long num_workers, const unsigned char *payload,
                 Py_ssize_t nbytes, long long rounds, uint32_t chunk, PyObject *lane, uint32_t job,
                 const fast_optimizer *opt, PyObject *parts)
 {
@@ -172,7 +172,7 @@ finish_in_place(PyObject *state, PyObject *slots, long long before, long long nu
     if (num_workers == 1) {
         return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, opt, parts);
     }
-    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, first_arrival(before))) : get_attr(state, s_acc);
+    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, first)) : get_attr(state, s_acc);
     Py_buffer acc;
     int status = acc_obj == NULL ? -1 : get_floats(acc_obj, nbytes, &acc);
     Py_XDECREF(acc_obj);

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import phub
 from phub import wire
 from phub.aggregation import JobState
 from phub.chunking import Topology
@@ -61,7 +62,7 @@ def drain(state: JobState, staging: bytearray, lane: int, rank: int, start: int 
     return offset, at_frame, completed
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("workers", [1, 2, 3, 5, 63, 64, 130])  # 64 and more: masks wider than 63 bits
 def test_drain_pushes_leaves_the_state_the_python_path_leaves(workers):
     python, fast = ready_state(workers), ready_state(workers)
     for iteration in (1, 2, 3):
@@ -373,3 +374,37 @@ def test_read_slots_of_takes_only_a_class_with_every_attribute_the_loops_use_as_
         fastpath.read_slots_of(Plain)
     from phub.aggregation import ChunkState
     fastpath.read_slots_of(ChunkState)  # what protocol/server.py does: accepted
+
+
+def test_a_job_of_128_workers_gets_the_exact_sum_through_the_c_loop():
+    """The configuration allows thousands of workers and the paper's PBox serves about 120: a
+    job wider than the C loop's 63-bit arrival masks must run on it too. 128 workers, each a
+    client in a thread of this process, push rank + (i mod 7); the sum is exact in float32."""
+    workers, size, steps = 128, 3000, 2
+    server = phub.Server(phub.ServerConfig(jobs=(phub.JobSpec(0, workers),), interfaces=("127.0.0.1",), once=True,
+                                           timeout=60, chunk_bytes=4096)).start()
+    pattern = (np.arange(size) % 7).astype(np.float32)
+    outcomes = [None] * workers
+
+    def worker(rank):
+        try:
+            with phub.Client(server.address, rank, workers, timeout=60) as kv:
+                kv.init("w", np.zeros(size, np.float32))
+                outcomes[rank] = [kv.pushpull("w", pattern + rank).copy() for _ in range(steps)]
+        except Exception as exc:  # reported below, by rank
+            outcomes[rank] = exc
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in range(workers)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.stop()
+    expected = (workers * pattern + workers * (workers - 1) / 2).astype(np.float32)
+    for rank, outcome in enumerate(outcomes):
+        assert not isinstance(outcome, Exception) and outcome is not None, f"rank {rank}: {outcome!r}"
+        for result in outcome:
+            assert result.tobytes() == expected.tobytes(), f"rank {rank}"
