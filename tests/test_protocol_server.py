@@ -9,11 +9,11 @@ import pytest
 
 from phub import wire
 from phub.config import JobSpec, ServerConfig
-from phub.errors import ConfigError
+from phub.errors import ConfigError, ProtocolError
 from phub.kernels import get_backend
 from phub.optim import SGD
 from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
-from phub.protocol.server import CoreProtocol
+from phub.protocol.server import CoreProtocol, drain_pushes
 from phub.testing import FakeClock, MemoryConnection, feed
 from conftest import refused
 
@@ -299,6 +299,41 @@ def test_a_worker_that_leaves_while_the_others_push_on_fails_the_job_naming_it()
     core.push(conns[0], 0, 1, np.ones(SIZE, np.float32))
     message = error_of(conns[0])
     assert "worker 1 left the job" in message and "rank(s) [0] still push chunk 0 (iteration 1)" in message
+
+
+AFTER_BYE = {
+    "a push": lambda core, conn: core.push(conn, 2, 2, np.ones(SIZE, np.float32)),
+    "a control frame": lambda core, conn: core.send(conn, wire.control_frame(K.STATE_REQUEST, 0, 2, {})),
+    "a second BYE": lambda core, conn: core.send(conn, wire.control_frame(K.BYE, 0, 2, {})),
+}
+
+
+@pytest.mark.parametrize("late", AFTER_BYE.values(), ids=AFTER_BYE.keys())
+def test_a_frame_after_a_worker_s_bye_is_refused_and_fails_the_job_naming_it(late):
+    """A worker that said BYE is done: whatever it sends next would change the other workers'
+    rounds. The core refuses it (what the core's loop hands to bad_frame) and the job fails."""
+    core = Core(workers=3)
+    conns = core.ready_job(workers=3)
+    for rank, conn in enumerate(conns):
+        core.push(conn, rank, 1, np.ones(SIZE, np.float32))
+        conn.take()
+    core.send(conns[2], wire.control_frame(K.BYE, 0, 2, {}))
+    with pytest.raises(ProtocolError, match="after its BYE") as info:
+        late(core, conns[2])
+    core.protocol.bad_frame(conns[2], str(info.value))
+    assert "rank 2 (lane 0) sent a bad frame" in error_of(conns[0]) and "after its BYE" in error_of(conns[0])
+    assert core.job.ended
+
+
+def test_the_c_loop_hands_a_push_after_bye_to_the_python_path():
+    if drain_pushes is None:
+        pytest.skip("the C extension phub._fastpath is not built")
+    core = Core(workers=3)
+    conns = core.ready_job(workers=3)
+    core.send(conns[2], wire.control_frame(K.BYE, 0, 2, {}))
+    push = wire.pack_header(K.PUSH, 0, 2, 0, 1, 1024) + np.ones(256, np.float32).tobytes()
+    assert core.protocol.fast_pushes(conns[2], memoryview(bytearray(push)), 0, len(push)) == (0, True)
+    assert core.job.state.owned[0].arrived == 0
 
 
 def test_a_lost_worker_fails_the_job_and_every_other_connection_hears_why():

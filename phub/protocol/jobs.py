@@ -141,7 +141,8 @@ class Job:
 class Peer:
     """What a server-side connection has proven about itself (nothing until its HELLO)."""
 
-    __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending", "greeted")
+    __slots__ = ("interface", "job", "rank", "local", "lane", "rack", "address", "since", "pending", "greeted",
+                 "said_bye")
 
     def __init__(self, interface: int, address: str = "", since: float = 0.0):
         self.interface = interface
@@ -154,6 +155,7 @@ class Peer:
         self.local = -1  # its index among this server's workers
         self.lane = -1
         self.rack = -1  # another rack's index, on a link between rack servers
+        self.said_bye = False  # the worker said BYE on this connection: it may send nothing more
 
 
 class RefusalLog:

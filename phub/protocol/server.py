@@ -155,10 +155,12 @@ class CoreProtocol:
         # The hot path: a push from the connection's own worker (what check_sender checks, as
         # the rank was checked against the job at HELLO); anything else takes the full checks.
         if header.kind is _PUSH and job is not None and header.sender == peer.rank \
-                and header.job == job.spec.job_id and peer.rack < 0:
+                and header.job == job.spec.job_id and peer.rack < 0 and not peer.said_bye:
             return job.state.push_target(peer.local, header, peer.lane)
         if job is None:
             raise ProtocolError(f"{header.kind.name} data frame before HELLO")
+        if peer.said_bye:
+            raise ProtocolError(f"{header.kind.name} frame after its BYE")
         if peer.rack >= 0:
             wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
             if header.kind is wire.Kind.PARTIAL:
@@ -192,6 +194,8 @@ class CoreProtocol:
             return self._hello(conn, peer, frame.json())
         if peer.pending or job is None:  # a discovery connection may say nothing more
             raise ProtocolError(f"{kind.name} frame before HELLO")
+        if peer.said_bye:  # its rounds are over: a late frame would change the others' results
+            raise ProtocolError(f"{kind.name} frame after its BYE")
         job.last_progress = self.clock()
         if peer.rack >= 0:
             return self._rack_frame(job, peer, frame)
@@ -207,6 +211,7 @@ class CoreProtocol:
             if job.data.pushes_overtake_control:  # the leader's next pushes wait for this echo
                 conn.send(wire.control_frame(wire.Kind.OPTIMIZER, job.spec.job_id, _SERVER, {}))
         elif kind is wire.Kind.BYE:
+            peer.said_bye = True
             job.said_bye.add((peer.lane, peer.local))
             if self._check_stranded(job, peer.lane, job.state.pending()):
                 return
@@ -237,8 +242,8 @@ class CoreProtocol:
         """The C loop over a staged link's pushes (see transport.StagedLink); a worker's link only."""
         peer = self.peers[conn]
         job = peer.job
-        if job is None or peer.rack >= 0 or job.state is None or job.ended is not None:
-            return start, True
+        if job is None or peer.rack >= 0 or job.state is None or job.ended is not None or peer.said_bye:
+            return start, True  # the Python path handles (or refuses) what is there
         state = job.state
         completed: list = []
         # One rack: the C loop optimizes the rounds it completes and builds their RESULT frames
@@ -491,6 +496,9 @@ class CoreProtocol:
                 continue
             try:
                 for local, lane, header in job.data.poll():
+                    if job.said_bye and (lane, local) in job.said_bye:
+                        raise ProtocolError(f"rank {job.spec.first_rank + local} pushed chunk {header.chunk} "
+                                            f"on lane {lane} after its BYE")
                     job.last_progress = self.clock()
                     events = job.state.on_push(local, header)
                     if events:
