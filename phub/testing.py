@@ -5,10 +5,11 @@
     protocol.frame_received(conn, frame_of(wire.control_frame(wire.Kind.HELLO, ...)))
     [welcome] = conn.take()                   # what the protocol sent, as decoded frames
 
-`MemoryConnection` stands where a `transport.Link` stands (send, finish, close, limit_control)
-and keeps what was sent; `FakeClock` is a clock the test moves by hand; `feed` receives bytes
-as a link does (payloads where the protocol says, frames handed over one by one); `frame_of`
-turns the bytes of one whole frame into the `wire.Frame` a receiving link would hand over.
+`MemoryConnection` stands where a `transport.Link` stands (send, finish, close, limit_control,
+limit_queue) and keeps what was sent; `FakeClock` is a clock the test moves by hand; `feed`
+receives bytes as a link does (payloads where the protocol says, frames handed over one by one);
+`frame_of` turns the bytes of one whole frame into the `wire.Frame` a receiving link would hand
+over.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class MemoryConnection:
         self.finished_with: Optional[bytes] = None  # the last frame `finish` sent, if any
         self.discarded = False  # `finish` dropped what was queued
         self.max_control = wire.MAX_CONTROL_BYTES
+        self.max_queued: Optional[int] = None  # what `limit_queue` set (nothing waits here: it is kept, not used)
 
     def __repr__(self) -> str:
         return f"MemoryConnection({self.name!r})"
@@ -81,6 +83,9 @@ class MemoryConnection:
 
     def limit_control(self, nbytes: int) -> None:
         self.max_control = nbytes
+
+    def limit_queue(self, nbytes: Optional[int]) -> None:
+        self.max_queued = nbytes
 
     def take(self) -> List[wire.Frame]:
         """The frames sent since the last `take`, decoded."""

@@ -48,6 +48,10 @@ class Link:
 
     `outbox`: the owner's list of links with queued output, which it passes to `flush_links` at
     the end of each loop iteration; without one, `send` sends at once.
+
+    What waits to be sent while the peer does not read may be bounded (`limit_queue`): a peer
+    that lets more pile up is dropped, its queue freed, and the next `on_readable` raises
+    LinkClosed saying so (the socket is shut for reading, so the owner's selector calls it).
     """
 
     def __init__(self, sock: socket.socket, selector: selectors.BaseSelector,
@@ -60,6 +64,9 @@ class Link:
         self.outq: "collections.deque" = collections.deque()  # bytes or byte memoryviews
         self._outbox = outbox
         self._writing = False  # the selector watches for EVENT_WRITE: outq waits for room
+        self.max_queued: Optional[int] = None  # bytes outq may hold while waiting for room (None: no bound)
+        self._queued = 0  # while _writing: outq's bytes or more (recounted when it passes max_queued)
+        self.overflow: Optional[str] = None  # why the link was dropped for not reading (see limit_queue)
         self.closed = False
         tune(sock)
         selector.register(sock, selectors.EVENT_READ, self)
@@ -68,12 +75,21 @@ class Link:
         """Receive everything the socket has; raises LinkClosed on EOF or error, ProtocolError on bad input."""
         if self.closed:  # dropped while handling another link's event of the same round
             return
+        try:
+            self._receive()
+        except LinkClosed:
+            if self.overflow is None:
+                raise
+        if self.overflow is not None:  # the cause, not the shut socket's end of stream
+            raise LinkClosed(self.overflow, True)
+
+    def _receive(self) -> None:
         receiver, on_frame = self.receiver, self.on_frame
         frame = receiver.received(0)  # what a pass cut short by an exception left (normally nothing)
         while True:
             while frame is not None:
                 on_frame(self, frame)
-                if self.closed:  # the handler dropped this link
+                if self.closed or self.overflow is not None:  # the handler dropped this link, or overfilled it
                     return
                 frame = receiver.received(0)
             frame = self._read()
@@ -101,14 +117,43 @@ class Link:
         if self.closed:
             return
         outq = self.outq
-        if not outq and not self._writing:
+        if self._writing:  # the peer is behind: what piles up is counted (see limit_queue)
+            if self.overflow is None:
+                outq.extend(parts)
+                self._queued += sum(map(len, parts))
+                if self.max_queued is not None and self._queued > self.max_queued:
+                    self._check_queue()
+            return
+        if not outq:
             if self._outbox is None:
                 outq.extend(parts)
                 return self.flush()
             self._outbox.append(self)
         outq.extend(parts)
-        if len(outq) >= _MAX_PARTS and not self._writing:
+        if len(outq) >= _MAX_PARTS:
             self.flush()
+
+    def limit_queue(self, nbytes: Optional[int]) -> None:
+        """Drop the link when more than `nbytes` wait to be sent (None: no bound). Counted while
+        the socket is full, so a peer that reads costs nothing here."""
+        self.max_queued = nbytes
+        if self._writing and nbytes is not None:
+            self._check_queue()
+
+    def _check_queue(self) -> None:
+        """Recount what waits (the running count only grows); past the bound, drop what waits
+        and shut the socket for reading: the owner's next read of it reports `overflow`."""
+        self._queued = sum(map(len, self.outq))
+        if self._queued <= self.max_queued:
+            return
+        self.overflow = (f"stopped reading what it is sent: more than {self.max_queued} bytes waited for it "
+                         "(a peer must read its results as they come)")
+        self.outq.clear()
+        self._queued = 0
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:  # already broken: that is reported on the next read as well
+            pass
 
     def flush(self) -> None:
         """Send what is queued, as far as the socket takes it without blocking; the rest waits
@@ -126,6 +171,8 @@ class Link:
         self._want_write(True)
 
     def on_writable(self) -> None:
+        if self.overflow is not None:
+            raise LinkClosed(self.overflow, True)
         try:
             drained = send_queued(self.sock.fileno(), self.outq)
         except OSError as exc:
@@ -143,6 +190,7 @@ class Link:
     def _want_write(self, on: bool) -> None:
         if on != self._writing and not self.closed:
             self._writing = on
+            self._queued = sum(map(len, self.outq)) if on else 0
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
             self.selector.modify(self.sock, events, self)
 
@@ -174,9 +222,11 @@ class Link:
         self.close()
 
     def close(self) -> None:
+        """Close the socket and free what was queued for it (a closed link sends nothing)."""
         if self.closed:
             return
         self.closed = True
+        self.outq.clear()
         try:
             self.selector.unregister(self.sock)
         except (KeyError, ValueError):
@@ -213,6 +263,11 @@ class StagedLink(Link):
         # sends only control frames (a stranger, say) costs a page, not `capacity` bytes.
         self._staging = memoryview(mmap.mmap(-1, capacity))
         self._start = self._end = 0  # staging[start:end] holds bytes read but not yet consumed
+
+    def close(self) -> None:
+        super().close()
+        self._staging = memoryview(b"")  # its pages go back now, even while the link object is kept
+        self._start = self._end = 0
 
     def _read(self):
         receiver, staging = self.receiver, self._staging

@@ -278,6 +278,31 @@ def test_share_goes_to_every_lane_0_worker_and_to_later_ones_on_welcome():
             "only rank 0 shares")
 
 
+def test_shared_values_count_against_the_job_s_byte_budget_with_its_arrays():
+    core = Core(workers=2, max_job_bytes=1 << 20)
+    first, second = core.worker(0), core.worker(1)
+    core.send(first, wire.control_frame(K.SHARE, 0, 0, {"name": "a", "value": "x" * 600_000}))
+    refused(lambda: core.send(first, wire.control_frame(K.SHARE, 0, 0, {"name": "b", "value": "x" * 600_000})),
+            "SHARE: 'b' needs", "--max-job-bytes")
+    assert list(core.job.shared) == ["a"]
+    refused(lambda: core.send(first, wire.control_frame(K.REGISTER, 0, 0, {"batch": 0, "arrays": [["w", 120_000]]})),
+            "--max-job-bytes")  # 480 KB: it would fit alone, not beside the shared value
+
+
+def test_every_connection_of_a_job_may_have_twice_what_the_job_holds_waiting_for_it():
+    """A peer that lets more pile up is dropped (transport.Link.limit_queue); the bound grows
+    with what the job registers and shares."""
+    core = Core()
+    stranger = core.connect()
+    slack = stranger.max_queued
+    assert slack >= 2 * wire.MAX_CONTROL_BYTES
+    conns = core.ready_job()
+    held = core.job.registered_bytes
+    assert held >= 4 * SIZE and all(conn.max_queued == slack + 2 * held for conn in conns)
+    core.send(conns[0], wire.control_frame(K.SHARE, 0, 0, {"name": "a", "value": 1}))
+    assert all(conn.max_queued == slack + 2 * (held + core.job.shared_bytes) for conn in conns)
+
+
 # -- the end of a job -------------------------------------------------------------------------
 def test_every_worker_saying_bye_ends_the_job_cleanly():
     core = Core()
@@ -287,9 +312,11 @@ def test_every_worker_saying_bye_ends_the_job_cleanly():
         assert not core.protocol.finished
         core.send(conn, wire.control_frame(K.BYE, 0, rank, {}))
     assert core.job.ended == "" and core.protocol.finished and core.protocol.exit_status == 0
+    assert (core.job.state, core.job.links, core.job.shared) == (None, {}, {})  # what it held is let go
     for conn in conns:  # a clean close after BYE is no failure
         core.protocol.connection_lost(conn, "connection closed by peer", midframe=False)
     assert core.job.ended == "" and core.logs == []
+    assert core.protocol.peers == {}
 
 
 def test_a_worker_that_leaves_while_the_others_push_on_fails_the_job_naming_it():
@@ -343,6 +370,7 @@ def test_a_lost_worker_fails_the_job_and_every_other_connection_hears_why():
     assert conns[2].closed and conns[2].finished_with is None  # nobody to tell
     for conn in conns[:2]:
         assert error_of(conn) == "job 0 failed: worker 2 lost: lane 0 connection closed by peer"
+    assert (core.job.state, core.job.links, core.protocol.peers) == (None, {}, {})
     assert any("job 0 failed: worker 2 lost" in line for line in core.logs)
     late = core.connect()
     core.hello(late, 2)

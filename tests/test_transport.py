@@ -138,3 +138,45 @@ def test_a_reset_connection_raises_and_the_queue_keeps_what_was_not_sent(send_qu
         send_queued(a.fileno(), outq)
     assert list(outq) == parts
     a.close()
+
+
+def test_a_peer_that_lets_more_than_the_bound_pile_up_is_dropped_saying_why():
+    """A bounded link whose peer does not read: once more than the bound waits, what waits is
+    dropped, the selector reports the link and reading it raises LinkClosed naming the cause.
+    Below the bound, or without one, everything waits."""
+    selector = selectors.DefaultSelector()
+    a, b = tcp_pair()
+    link = Link(a, selector, no_data, lambda link, frame: None, [])
+    payload = memoryview(bytes(CHUNK_BYTES))
+    try:
+        link.limit_queue(4 << 20)
+        sent = 0
+        while link.overflow is None and sent < 64 << 20:  # the socket buffers fill first, then the queue
+            link.send(pack_header(Kind.RESULT, 0, 0, 0, 1, CHUNK_BYTES), payload)
+            link.flush()
+            sent += CHUNK_BYTES
+        assert link.overflow is not None and "more than 4194304 bytes waited" in link.overflow
+        assert not link.outq and sent < 64 << 20
+        link.send(b"more")  # ignored: the link is being dropped
+        assert not link.outq
+        [(key, _)] = selector.select(timeout=5)  # the owner's loop hears of it without the peer
+        with pytest.raises(transport.LinkClosed, match="stopped reading what it is sent") as info:
+            key.data.service(selectors.EVENT_READ)
+        assert info.value.midframe
+    finally:
+        link.close()
+        b.close()
+
+
+def test_a_closed_link_frees_what_waited_for_it():
+    selector = selectors.DefaultSelector()
+    a, b = tcp_pair()
+    link = Link(a, selector, no_data, lambda link, frame: None, [])
+    payload = bytes(CHUNK_BYTES)
+    for _ in range(1000):  # 32 MB: more than the socket buffers take
+        link.send(pack_header(Kind.RESULT, 0, 0, 0, 1, CHUNK_BYTES), payload)
+        link.flush()
+    assert link.outq
+    link.close()
+    b.close()
+    assert not link.outq

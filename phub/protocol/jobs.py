@@ -9,11 +9,17 @@ import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from .. import wire
 from ..aggregation import ChunkState, JobState
 from ..config import JobSpec
 from ..hierarchy import HierarchicalJobState
 
-Connection = object  # send(*parts), finish(last, discard_queued), close(), closed, limit_control(n)
+Connection = object  # send(*parts), finish(last, discard_queued), close(), closed, limit_control(n), limit_queue(n)
+
+# What may wait to be sent on one of a job's connections, beyond twice what the job holds (one
+# round's results of every chunk, and a copy of their optimizer state for a STATE_REQUEST): room
+# for the control frames (two of the largest).
+QUEUE_SLACK = 2 * wire.MAX_CONTROL_BYTES
 
 
 class Job:
@@ -39,7 +45,28 @@ class Job:
         self.stall_reported = False
         self.registered_bytes = 0  # counted against the server's max_job_bytes (messages.register)
         self.joined: set = set()  # ranks with a lane admitted on this core
-        self.shared: Dict[str, object] = {}  # what rank 0 shared (wire.Kind.SHARE), by name
+        self.shared: Dict[str, bytes] = {}  # what rank 0 shared (wire.Kind.SHARE), by name: the frame to send
+        self.shared_bytes = 0  # their frames' bytes, also counted against max_job_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """What the job holds on this core against the server's max_job_bytes: its registered
+        arrays and the values rank 0 shared."""
+        return self.registered_bytes + self.shared_bytes
+
+    def queue_bound(self) -> int:
+        """How many bytes may wait to be sent on one of the job's connections (Link.limit_queue)."""
+        return 2 * self.held_bytes + QUEUE_SLACK
+
+    def release(self) -> None:
+        """The job has ended: let go of what it holds. Its arrays (unless its data path still
+        needs them), shared values, frames for racks and its worker connections: the core has
+        closed those, or keeps the ones still open until their peers close them."""
+        if self.data is None or not self.data.keeps_arrays_after_failure:
+            self.state = None
+        self.shared.clear()
+        self.rack_backlog.clear()
+        self.links = {}
 
     # -- admission: what a HELLO may ask (no I/O: the core sends the refusal) ------------------
     def refusal(self, hello) -> Optional[str]:

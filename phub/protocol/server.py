@@ -35,7 +35,7 @@ from ..datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
 from ..hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
 from .admission import HANDSHAKE_SECONDS, Strangers
-from .jobs import Job, Peer, RefusalLog
+from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
 try:
     from .._fastpath import drain_pushes, read_slots_of
@@ -116,6 +116,7 @@ class CoreProtocol:
         """A stranger connected on `interface`: small control frames only until its HELLO."""
         peer = self.peers[conn] = Peer(interface, address, self.clock())
         conn.limit_control(wire.HANDSHAKE_CONTROL_BYTES)  # no big allocation before a HELLO
+        conn.limit_queue(QUEUE_SLACK)  # a peer that does not read what it is sent is dropped
         self.strangers.arrived(peer)
 
     def connection_lost(self, conn, reason: str, midframe: bool) -> None:
@@ -218,6 +219,7 @@ class CoreProtocol:
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
                 self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+                job.release()
         elif kind is wire.Kind.STATE:
             pass  # a checkpointed momentum, already in place (JobState.state_target)
         elif kind is wire.Kind.STATE_REQUEST:
@@ -270,18 +272,25 @@ class CoreProtocol:
         return offset, at_frame
 
     def _share(self, job: Job, name: str, value) -> None:
-        """Keep rank 0's value and hand it to every worker on lane 0 (to later ones when they connect)."""
+        """Keep rank 0's value and hand it to every worker on lane 0 (to later ones when they
+        connect); it counts against the job's max_job_bytes until the job ends."""
         if name in job.shared:
             raise ProtocolError(f"SHARE: {name!r} was shared already")
-        job.shared[name] = value
         frame = _share_frame(job, name, value)
+        left = self.config.max_job_bytes - job.held_bytes
+        if len(frame) > left:
+            raise ProtocolError(f"SHARE: {name!r} needs {len(frame)} bytes, more than the {left} bytes left of the "
+                                f"job's {self.config.max_job_bytes}-byte budget (server option --max-job-bytes)")
+        job.shared[name] = frame
+        job.shared_bytes += len(frame)
+        self._bound_queues(job)
         for conn in job.links.get(0, ()):
             if conn is not None:
                 conn.send(frame)
 
     def _register(self, job: Job, peer: Peer, body: dict) -> None:
         new = body.get("batch") == len(job.state.plan.batches)  # a batch registered before costs nothing again
-        budget = self.config.max_job_bytes - job.registered_bytes if new else self.config.max_job_bytes
+        budget = self.config.max_job_bytes - job.held_bytes if new else self.config.max_job_bytes
         register = messages.register(body, self.limits, budget)
         try:
             events = job.state.register(peer.local, peer.lane, register.batch, register.arrays)
@@ -290,6 +299,7 @@ class CoreProtocol:
                                 f"({register.cost} bytes)") from None
         if new:
             job.registered_bytes += register.cost
+            self._bound_queues(job)
         job.data.registered(peer.lane, peer.local, register.batch, body)  # the batch is laid out now
         self._act(job, events)
 
@@ -335,13 +345,21 @@ class CoreProtocol:
         job.joined.add(rank)
         conn.send(wire.control_frame(wire.Kind.WELCOME, spec.job_id, _SERVER, welcome))
         if lane == 0:  # what rank 0 shared before this worker connected
-            for name, value in job.shared.items():
-                conn.send(_share_frame(job, name, value))
+            for frame in job.shared.values():
+                conn.send(frame)
 
     def _admitted(self, conn, peer: Peer) -> None:
-        """The peer's HELLO was accepted: it may now send frames of every size."""
+        """The peer's HELLO was accepted: it may now send frames of every size, and have as
+        much wait for it as the job's connections may (Job.queue_bound)."""
         conn.limit_control(wire.MAX_CONTROL_BYTES)
+        conn.limit_queue(peer.job.queue_bound())
         self.strangers.left(peer)
+
+    def _bound_queues(self, job: Job) -> None:
+        """What the job holds changed: so does what may wait on each of its connections."""
+        bound = job.queue_bound()
+        for conn in job.live_links():
+            conn.limit_queue(bound)
 
     def _create_state(self, job: Job, shard) -> Optional[str]:
         """Set up the job on this core; returns an error message instead if the layout is invalid."""
@@ -428,6 +446,7 @@ class CoreProtocol:
         conn.send(wire.control_frame(wire.Kind.HELLO, job.spec.job_id, self.config.rack, hello))
         peer = self.peers[conn] = Peer(-1, since=self.clock())
         peer.job, peer.rack = job, rack
+        conn.limit_queue(job.queue_bound())
         return conn
 
     def _rack_hello(self, conn, peer: Peer, job: Job, hello: messages.Hello) -> None:
@@ -486,8 +505,7 @@ class CoreProtocol:
                                    {"message": f"job {job.spec.job_id} failed: {message}"})
         for conn in list(job.live_links()):
             self._drop(conn, frame, discard_queued=True)  # a result cut mid-way is worthless
-        if job.data is None or not job.data.keeps_arrays_after_failure:  # nothing reads them again
-            job.state = None
+        job.release()  # nothing reads its arrays again (unless an RDMA path's completions may)
 
     def poll_data_paths(self) -> None:
         """Take the pushes that landed outside the connections (RDMA writes)."""
