@@ -134,10 +134,17 @@ def scaled(model: Model, scale: Optional[dict]) -> Model:
     if not scale or (scale.get("model", 1) == 1 and scale.get("time", 1) == 1):
         return model
     s_m, s_t = float(scale["model"]), float(scale["time"])
-    arrays = tuple(Array(a.name, (max(1, round(a.elements / s_m)),), a.forward_gflops) for a in model.arrays)
+    arrays = tuple(Array(a.name, (scaled_elements(a.elements, s_m),), a.forward_gflops) for a in model.arrays)
     profile = model.profile and dataclasses.replace(model.profile,
                                                     seconds_per_iteration=model.profile.seconds_per_iteration / s_t)
     return dataclasses.replace(model, arrays=arrays, profile=profile)
+
+
+def scaled_elements(elements: int, s_m: float) -> int:
+    """An array of `elements` as a rack that divides models by s_m holds it: round(elements / s_m)
+    (Python's round, halves to even), at least one. Element-count knobs of the systems (MXNet's
+    big-array bound) scale the same way, so an array at the knob's value stays at it."""
+    return max(1, round(elements / s_m))
 
 
 PAPER_CHUNK_BYTES = 32768  # the paper's key chunk (32 KB, 8,192 float32)

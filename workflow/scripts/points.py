@@ -16,6 +16,10 @@ How the paper's testbed is scaled down (config `rack:`), the same for every poin
   bytes would be their 32 B headers); or `chunk_bytes` as they are (default 8 KB). The point
   records the paper-equivalent chunk, chunk bytes x s_m, either way. The chunk sweep sets its
   own s_m and sizes.
+* stock MXNet's big-array bound (MXNET_KVSTORE_BIGARRAY_BOUND, 10^6 elements at the paper's
+  scale) is divided by s_m too (experiments.systems.pslite), so the arrays the paper's MXNet
+  split over its servers are split here; a pslite point records the bound its run uses
+  (`bigarray_bound`), which is part of its measurement.
 
 Points that share a rack spec form a *shape*: the runner brings one rack up per shape and runs
 all its points in it. Points with the same measurement (the same system, model, rack, options)
@@ -28,6 +32,7 @@ import json
 from typing import Dict, Iterator, List
 
 from experiments.models import PAPER_CHUNK_BYTES, scaled_chunk
+from experiments.systems.pslite import BIGARRAY_BOUND, effective_bigarray_bound
 from phub.wire import HEADER_BYTES
 
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
@@ -81,6 +86,9 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
     point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
     measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
     measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
+    if point.get("system", "").startswith("pslite"):  # only its points: the others' measurements stay as they were
+        point["bigarray_bound"] = measured["bigarray_bound"] = effective_bigarray_bound(
+            BIGARRAY_BOUND, point.get("rack", {}).get("scale"))
     point["measurement"] = _digest(measured)
     point["shape"] = _digest(point.get("rack") or {"network": point["network"], "point": id_})
     return point

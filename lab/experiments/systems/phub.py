@@ -25,7 +25,8 @@ class PHubSystem(System):
     def describe(self, cluster: Cluster, options) -> dict:
         return {"servers": len(cluster.servers), "racks": cluster.racks,
                 "interfaces": len(cluster.servers[0].addresses), "cores": options.cores,
-                "chunk_bytes": options.chunk_bytes, "transport": options.transport}
+                "chunk_bytes": options.chunk_bytes, "lanes_per_pair": options.lanes_per_pair,
+                "transport": options.transport}
 
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
         from phub.launch import run_job

@@ -7,8 +7,16 @@ servers and the scheduler are `python -c "import mxnet"`, which enters MXNet's s
 itself when DMLC_ROLE says so. Each process binds the address of its own node (DMLC_NODE_HOST).
 
 The optimizer runs on the servers (`kv.set_optimizer(mx.optimizer.NAG(...))`, as MXNet does with
-`update_on_kvstore`). Arrays of at least MXNET_KVSTORE_BIGARRAY_BOUND elements (MXNet's default,
-10^6 = 4 MB) are split evenly over the servers; smaller ones go whole to one server.
+`update_on_kvstore`). Arrays of at least MXNET_KVSTORE_BIGARRAY_BOUND elements are split evenly
+over the servers; smaller ones go whole to one server (experiments.placement reproduces how).
+
+The big-array bound scales with the model. `--bigarray-bound` (Options.bigarray_bound) is the
+bound at the paper's scale, MXNet's default 10^6 elements (4 MB) unless set. On a rack that
+divides every array by s_m (its `scale`), the run sets MXNET_KVSTORE_BIGARRAY_BOUND to
+max(1, round(bound / s_m)), the same rounding as the arrays (models.scaled_elements), so an array
+the paper's MXNet split over all servers is split here too, and one it sent whole goes whole.
+Without a scale (loopback, real machines) the bound is used as given. The result row records the
+bound the run used (`bigarray_bound`) and the paper-scale one (`bigarray_bound_paper`).
 
 MXNet's quirk: on CPU, a push keeps the pushed array as its communication buffer, so the pull
 that follows lands in the *pushed* array (the gradient) and is then copied into `out`. The
@@ -18,7 +26,7 @@ anew at backward (as training does), so this needs no extra copy here.
 from __future__ import annotations
 
 import sys
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -26,10 +34,17 @@ from phub.cluster import Cluster
 from phub.launch import free_port
 from phub.supervisor import Supervisor
 
+from ..models import scaled_elements
 from . import System, WorkerSystem
 
 
 BIGARRAY_BOUND = 1000 * 1000  # elements: MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND
+
+
+def effective_bigarray_bound(paper_bound: int, scale: Optional[dict]) -> int:
+    """The MXNET_KVSTORE_BIGARRAY_BOUND a run uses: `paper_bound` divided by the rack's s_m
+    (`scale["model"]`) as an array of that many elements is; unchanged without a scale."""
+    return scaled_elements(paper_bound, float((scale or {}).get("model", 1)))
 
 
 class PSLiteCentral(System):
@@ -38,8 +53,9 @@ class PSLiteCentral(System):
     worker_class = "experiments.systems.pslite:PSLiteWorker"
 
     def describe(self, cluster: Cluster, options) -> dict:
-        return {"servers": len(cluster.servers), "bigarray_bound": options.bigarray_bound,
-                "kvstore": "dist_sync"}
+        return {"servers": len(cluster.servers), "kvstore": "dist_sync",
+                "bigarray_bound": effective_bigarray_bound(options.bigarray_bound, cluster.extra.get("scale")),
+                "bigarray_bound_paper": options.bigarray_bound}
 
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
         scheduler = cluster.servers[0]
@@ -48,7 +64,7 @@ class PSLiteCentral(System):
             "DMLC_PS_ROOT_PORT": str(free_port(scheduler)),
             "DMLC_NUM_SERVER": str(len(cluster.servers)),
             "DMLC_NUM_WORKER": str(len(cluster.workers)),
-            "MXNET_KVSTORE_BIGARRAY_BOUND": str(options.bigarray_bound),
+            "MXNET_KVSTORE_BIGARRAY_BOUND": str(self.describe(cluster, options)["bigarray_bound"]),
             "PS_VERBOSE": "0",
         }
         service = [sys.executable, "-c", "import mxnet"]  # MXNet serves on import when DMLC_ROLE says so
