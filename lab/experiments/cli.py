@@ -1,6 +1,7 @@
 """The harness's command, `python -m experiments`: the benchmarks and the emulated rack.
 
     python -m experiments bench exchange --system pslite-central --model resnet50 --workers 2
+    python -m experiments bench software-cost --out results/points/software_cost
     python -m experiments rack up --spec config/racks/2x2.yaml
 
 The library's own commands (server, launch, selftest, doctor, hostfile) are `phub`'s.
@@ -16,6 +17,7 @@ from phub.cli import Parser, positive_int, run_command, seconds
 from phub.config import TRANSPORTS
 
 from .rack.rackcli import add_parser as add_rack_parser
+from .softcost_run import add_parser as add_software_cost_parser
 
 
 class HarnessParser(Parser):
@@ -91,6 +93,7 @@ def build_parser() -> HarnessParser:
                           help="seconds the whole run may take before it fails naming what still runs; "
                                "no wait inside it is longer (default 300)")
     exchange.set_defaults(func=cmd_bench_exchange)
+    add_software_cost_parser(bench)
 
     add_rack_parser(sub)
     return parser

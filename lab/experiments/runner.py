@@ -13,7 +13,8 @@ compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max
 cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
 (servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python, and bound (what limited
 the run: cpu_busy, cpu_steal, busiest_process, busiest_process_cpu, link_utilization, bound =
-wire | mixed | cpu; see experiments.monitor; {} when the samples missed the timed iterations).
+wire | mixed | cpu; see experiments.monitor; {} when the samples missed the timed iterations), and
+windows (each rank's [start, end] of the block on CLOCK_MONOTONIC, null where a rank reported no stamps).
 
 With `--compute real` (experiments.realcompute) the bytes, batch and compute seconds are the real
 network's (measured by the workers), and the row adds zoo_model, image_size, device and
@@ -176,6 +177,7 @@ def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cl
         part = [dict(r, seconds=r["seconds"][first:first + iterations]) for r in ranks]
         row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, part, real)
         row["repeat"] = b
+        row["windows"] = [view["window"] for view in block(ranks, first, iterations)]
         row["bound"] = summarize(monitor.samples, block(ranks, first, iterations), os.cpu_count() or 1,
                                  rates.get("host"), rates.get("pbox_nic"))
         rows.append(row)
