@@ -88,7 +88,10 @@ def build_parser() -> HarnessParser:
     exchange.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                           help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server --help`)")
     exchange.add_argument("--bigarray-bound", type=positive_int, default=1000 * 1000,
-                          help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND in elements (default MXNet's 1000000)")
+                          help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND at the paper's scale, in elements (default "
+                               "MXNet's 1000000); on an emulated rack that divides arrays by s_m the run uses "
+                               "max(1, round(BOUND / s_m)), as for an array of BOUND elements, and its row "
+                               "records both (bigarray_bound, bigarray_bound_paper)")
     exchange.add_argument("--time-limit", type=seconds, default=300.0,
                           help="seconds the whole run may take before it fails naming what still runs; "
                                "no wait inside it is longer (default 300)")

@@ -65,7 +65,7 @@ class Options:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # phub / pshard
     lanes_per_pair: int = 1  # phub / pshard
     transport: str = "tcp"  # phub / pshard: tcp | verbs | soft-verbs
-    bigarray_bound: int = 1000 * 1000  # pslite: MXNET_KVSTORE_BIGARRAY_BOUND (MXNet's default)
+    bigarray_bound: int = 1000 * 1000  # pslite: MXNet's big-array bound at the paper's scale (see systems.pslite)
     time_limit: float = 300.0  # seconds the whole run may take; no wait inside it is longer
     variant: str = "full"  # breakdown experiment: full | no_optimizer | no_compute (compute removed)
     image_size: Optional[int] = None  # real compute: square image side (None: full on a GPU, smallest on a CPU)

@@ -10,7 +10,8 @@ import subprocess
 from experiments.runner import exchanges_per_s
 
 COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
-           "chunk_bytes_paper", "chunks_per_worker", "oversubscription", "network", "queueing", "setting",
+           "chunk_bytes_paper", "chunks_per_worker", "bigarray_bound",
+           "oversubscription", "network", "queueing", "setting",
            "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
            "verify_kind", "bound", "cpu_busy", "cpu_steal", "busiest_process", "busiest_process_cpu", "service_cpu",
@@ -54,7 +55,8 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
         "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
         "workers": result.get("workers", point["workers"]), "racks": point["racks"], "interfaces": point["interfaces"],
         "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "chunk_bytes_paper": point["chunk_bytes_paper"],
-        "chunks_per_worker": chunks, "oversubscription": point["oversubscription"],
+        "chunks_per_worker": chunks, "bigarray_bound": _opt(result.get("bigarray_bound")),  # stock MXNet's, as run
+        "oversubscription": point["oversubscription"],
         "network": point["network"], "queueing": extra.get("queueing", ""), "setting": point["setting"],
         "link_gbps": _host_rate(extra, "configured") / 1000 if extra else "",
         "link_gbps_measured": _host_rate(extra, "measured") / 1000 if extra else "",
