@@ -47,4 +47,4 @@ def test_every_verdict_of_the_committed_report_is_earned(run):
 def test_every_committed_point_says_what_bounded_it(run):
     runs = _loaded(run).runs
     points = runs[runs["experiment"] != "convergence"]
-    assert len(points) > 0 and points["bound"].isin(["wire", "mixed", "cpu"]).all()
+    assert len(points) > 0 and points["bound"].isin(["compute", "wire", "cpu", "other"]).all()

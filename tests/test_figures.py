@@ -51,9 +51,9 @@ def test_speedup_is_over_the_stock_baseline_and_takes_the_worse_bound():
     summary = normalize.summarize(values, ["model", "setting", "system"], "speedup").iloc[0]
     assert summary["median"] == pytest.approx(3.3)
     assert summary["q25"] == pytest.approx(3.25) and summary["q75"] == pytest.approx(3.375)
-    # one of the baseline's three repeats was CPU-bound: the baseline point is mixed, and so is
-    # every ratio over it, although the numerator's runs were all wire-bound
-    assert summary["bound"] == "mixed"
+    # one of the baseline's three repeats was CPU-bound: the baseline point is, and so is every
+    # ratio over it, although the numerator's runs were all wire-bound
+    assert summary["bound"] == "cpu"
 
 
 def test_scaling_efficiency_and_ratio_over_phub():
@@ -154,18 +154,18 @@ def test_failed_oracle_rows_are_left_out_and_bounds_read_loosely():
 
 
 def test_bound_of_a_point_over_its_repeats():
-    assert normalize.combine(["wire", "wire"]) == "wire"
-    assert normalize.combine(["wire", "cpu"]) == "mixed"
-    assert normalize.combine(["", "cpu"]) == "cpu"
-    assert normalize.combine(["", ""]) == ""
-    assert normalize.worst(["wire", "mixed"]) == "mixed" and normalize.worst(["mixed", "cpu"]) == "cpu"
+    assert normalize.worst(["wire", "wire"]) == "wire"
+    assert normalize.worst(["wire", "cpu"]) == "cpu" and normalize.worst(["", "cpu"]) == "cpu"
+    assert normalize.worst(["compute", "wire"]) == "wire" and normalize.worst(["wire", "other"]) == "other"
+    assert normalize.worst(["", ""]) == "" and normalize.worst(["mixed"]) == ""  # a word no longer used
 
 
 def test_bound_sentence_counts_and_names_the_cpu_bound_points():
     points = pd.DataFrame({"label": ["scaling/phub-n1", "scaling/phub-n2", "scaling/phub-n8", "scaling/pshard-n8"],
-                           "bound": ["wire", "wire", "mixed", "cpu"]})
+                           "bound": ["wire", "compute", "other", "cpu"]})
     text = normalize.bound_sentence(points)
-    assert text == ("Our 4 points: 2 wire-bound, 1 CPU-bound (scaling/pshard-n8), 1 mixed (scaling/phub-n8).")
+    assert text == ("Our 4 points: 1 compute-bound, 1 wire-bound, 1 CPU-bound (scaling/pshard-n8), "
+                    "1 bound by neither (other).")
     assert normalize.bound_sentence(points.iloc[:0]) == "Our points: none in this run."
     unknown = normalize.bound_sentence(pd.DataFrame({"label": ["a/b"], "bound": [""]}))
     assert unknown == "Our 1 point: 1 without a recorded bound."
@@ -187,6 +187,7 @@ def _write(directory, rows):
 def test_caption_counts_a_cpu_bound_point(tmp_path, low_resolution):
     rows = [_row(point=f"phub-n{n}", workers=n, exchanges_per_s=10.0 * n, bound="cpu" if n == 8 else "wire")
             for n in (1, 2, 4, 8)]
+    # an older file's word for cores 60-85% busy, read as "other" (nothing ran full)
     rows.append(_row(point="pshard-n8", system="pshard", workers=8, exchanges_per_s=30.0, bound="mixed"))
     loaded = _write(tmp_path / "points", rows)
     png = figures.render("scaling", loaded, tmp_path / "figures", REF)
@@ -194,7 +195,7 @@ def test_caption_counts_a_cpu_bound_point(tmp_path, low_resolution):
     text = (tmp_path / "figures" / "scaling.rst").read_text()
     assert text.startswith(figures.caption("scaling").rstrip())
     assert text.rstrip().endswith("Our 5 points: 3 wire-bound, 1 CPU-bound (scaling/phub-n8), "
-                                  "1 mixed (scaling/pshard-n8).")
+                                  "1 bound by neither (other).")
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from experiments.monitor import (Monitor, Sample, Stolen, block, classify, machine_cpu, median_share, stolen_words,
-                                 summarize)
+from experiments.monitor import (Monitor, Sample, Stolen, block, classify, floors, machine_cpu, median_share, settle,
+                                 stolen_words, summarize)
 
 NS_W, NS_S = "net:[1]", "net:[2]"
 
@@ -39,7 +39,9 @@ def test_steady_rates_come_out_exactly():
     assert got["service_cpu"] == pytest.approx(0.7, abs=1e-3)
     assert got["processes_cpu"] == pytest.approx(0.3 + 0.15 + 0.7, abs=1e-3)  # both workers and the server
     assert got["link_utilization"] == pytest.approx(5e6 * 8 / 100e6, abs=1e-3)  # the busiest direction: worker rx
-    assert got["bound"] == "mixed"  # the server used 0.7 of a core while its links were not full
+    # the server used 0.7 of a core while its links ran at 40%: nothing ran full, and without a
+    # compute floor nothing else set the pace either
+    assert got["bound"] == "other"
 
 
 def test_the_time_the_hypervisor_took_comes_out_beside_the_busy_time_it_is_part_of():
@@ -94,12 +96,33 @@ def test_oracle_checks_are_taken_out_of_the_cpu_figures():
     assert got["busiest_process_cpu"] == pytest.approx(max(0.6 * 2, 0.9 * 2 - 1.0) / 1.5, abs=1e-3)
 
 
-@pytest.mark.parametrize("cpu, busiest, link, bound", [
-    (0.3, 0.2, 0.5, "wire"), (0.7, 0.2, 0.5, "mixed"), (0.3, 0.9, None, "cpu"), (0.9, 0.2, 0.95, "cpu"),
-    (0.7, 0.4, 0.9, "wire"),  # the link ran full: it set the pace, the cores kept up
+@pytest.mark.parametrize("cpu, busiest, link, over_compute, bound", [
+    (0.3, 0.2, 0.5, None, "other"),  # nothing ran full: latency, stalls or the protocol set the pace
+    (0.7, 0.2, 0.84, None, "other"),  # a link just under LINK_FULL is not the bottleneck
+    (0.3, 0.2, 0.85, None, "wire"), (0.7, 0.4, 0.9, 1.5, "wire"),  # the link ran full
+    (0.3, 0.9, None, None, "cpu"), (0.9, 0.2, 0.5, None, "cpu"),  # one process, or all the cores
+    (0.9, 0.2, 0.95, None, "wire"),  # saturated cores beside a full link: the link set the pace
+    (0.9, 0.9, 0.3, 1.1, "compute"), (0.2, 0.2, 0.3, 1.05, "compute"),  # within NEAR_FLOOR of the compute
+    (0.2, 0.2, 0.3, 1.11, "other"),
 ])
-def test_classify(cpu, busiest, link, bound):
-    assert classify(cpu, busiest, link) == bound
+def test_classify(cpu, busiest, link, over_compute, bound):
+    assert classify(cpu, busiest, link, over_compute) == bound
+
+
+def test_a_run_over_its_floors_is_judged_against_them():
+    figures = {"cpu_busy": 0.3, "busiest_process_cpu": 0.2, "link_utilization": 0.9, "timed_seconds": 4.0,
+               "bound": "other"}
+    # 4 iterations of 1.0 s: the link carried 0.9 s of bytes per iteration at its rate
+    got = settle(figures, 1.0, 0.5, 4)
+    assert got["wire_floor_seconds"] == pytest.approx(0.9) and got["compute_floor_seconds"] == 0.5
+    assert got["floor_seconds"] == pytest.approx(0.9) and got["over_floor"] == pytest.approx(1.0 / 0.9, abs=1e-4)
+    assert got["bound"] == "wire"
+    assert settle(dict(figures, link_utilization=0.2), 0.52, 0.5, 4)["bound"] == "compute"
+    slow = settle(dict(figures, link_utilization=0.2), 2.0, 0.5, 4)
+    assert slow["floor_seconds"] == 0.5 and slow["over_floor"] == 4.0 and slow["bound"] == "other"
+    assert settle({}, 1.0, 0.5, 4) == {}  # no samples over the window: nothing to judge
+    no_link = floors(1.0, None, None)
+    assert no_link["floor_seconds"] is None and no_link["over_floor"] is None
 
 
 def test_workers_timed_in_spans_that_do_not_overlap_still_get_a_bound():
@@ -109,7 +132,7 @@ def test_workers_timed_in_spans_that_do_not_overlap_still_get_a_bound():
              {"rank": 1, "pid": 12, "window": (1.04, 1.10), "paused": 0.0, "verify_cpu": 0.0}]
     got = summarize(_samples(server_cpu=0.3), ranks, cores=2)
     assert got["timed_seconds"] == pytest.approx(0.09)
-    assert got["cpu_busy"] == pytest.approx(0.5 * 0.1 / 0.09, abs=1e-3) and got["bound"] == "wire"
+    assert got["cpu_busy"] == pytest.approx(0.5 * 0.1 / 0.09, abs=1e-3) and got["bound"] == "other"
     ranks[1]["window"] = (1.07, 1.13)  # no common span at all
     assert summarize(_samples(), ranks, cores=2)["timed_seconds"] == pytest.approx(0.12)
 
@@ -133,7 +156,8 @@ def test_the_monitor_sees_its_own_children_burn_cpu():
     import sys
 
     with Monitor(period=0.05) as monitor:
-        child = subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"])
+        # the child spins until it has used 0.6 s of CPU (not of wall time: the machine may be busy)
+        child = subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.6: pass"])
     assert child.returncode == 0
     used = max(cpu for s in monitor.samples for pid, (cpu, name) in s.procs.items())
     assert used >= 0.3 and len(monitor.samples) >= 5

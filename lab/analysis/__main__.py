@@ -42,7 +42,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     fig = commands.add_parser("figures", help="draw every paper figure, ours beside the paper's")
     fig.add_argument("--results", required=True, help="directory of tidy result CSVs")
     fig.add_argument("--out", required=True, help="directory for the PNG files")
-    fig.add_argument("--only", nargs="+", choices=list(figures.FIGURES), help="draw only these figures")
+    fig.add_argument("--only", nargs="+", choices=list(figures.DRAWABLE), help="draw only these figures")
     rep = commands.add_parser("report", help="write the claims report (markdown)")
     rep.add_argument("--results", required=True, help="directory of tidy result CSVs")
     rep.add_argument("--figures", required=True, help="directory holding the figures (linked from the report)")

@@ -135,13 +135,19 @@ def oversubscription(runs: pd.DataFrame, prices: Optional[pd.DataFrame] = None) 
 def breakdown(runs: pd.DataFrame) -> pd.DataFrame:
     """Where the time of one iteration goes, per model and system, from the breakdown variants.
 
-    A component is the median time of the full run minus the median with that component
+    Compute is the replayed compute per iteration (the full runs' compute floor, see
+    analysis.floors): a run with compute removed that the CPU bounds is no measure of what compute
+    cost, so full minus no_compute is used only where no compute floor is known. The other
+    components are the median time of the full run minus the median with that component
     suppressed. network_and_other is what remains. Components are clipped at 0, because noise can
     make a difference slightly negative. `relative` divides by the stock PS's full time for the
     model. That is pslite-central, or pslite-shard when central was not run. When neither was run,
     each system's own full time is used."""
     rows = experiment(runs, "breakdown").dropna(subset=["seconds_per_iteration"])
     med = rows.groupby(["model", "system", "variant"])["seconds_per_iteration"].median()
+    full_rows = rows[rows["variant"] == "full"]
+    replayed = (full_rows.groupby(["model", "system"])["compute_floor_seconds"].median()
+                if "compute_floor_seconds" in full_rows else pd.Series(dtype=float))
     out = []
     for (model, system), times in med.groupby(level=["model", "system"]):
         times = times.droplevel(["model", "system"])
@@ -151,6 +157,9 @@ def breakdown(runs: pd.DataFrame) -> pd.DataFrame:
         parts = {c: max(full - times[v], 0.0) for c, v in
                  (("compute", "no_compute"), ("aggregator", "no_aggregation"),
                   ("optimizer", "no_optimizer")) if v in times}
+        compute = replayed.get((model, system), float("nan"))
+        if compute > 0:
+            parts["compute"] = min(float(compute), full)
         parts["network_and_other"] = max(full - sum(parts.values()), 0.0)
         out += [{"model": model, "system": system, "component": c, "seconds": s, "total": full}
                 for c, s in parts.items()]

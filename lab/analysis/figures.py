@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional, Union
 
-from . import fig_micro, fig_pbox, fig_rack, normalize
+from . import fig_micro, fig_pbox, fig_rack, fig_softcost, normalize
 from . import reference as reference_data
 from .output import write_text
 from .results import Results
@@ -32,11 +32,17 @@ FIGURES: Dict[str, Callable[..., Path]] = {
     "bandwidth_per_ps": fig_micro.bandwidth_per_ps,  # (h)
     "convergence": fig_micro.convergence,  # (i)
 }
+# Figures of our own experiments beside the paper's, drawn like the others (`render`, `--only`);
+# a finished run is checked only for the paper's FIGURES.
+OWN_FIGURES: Dict[str, Callable[..., Path]] = {
+    "software_cost": fig_softcost.software_cost,  # the paper's breakdown measured at full speed
+}
+DRAWABLE = {**FIGURES, **OWN_FIGURES}
 
 
 def caption_path(name: str) -> Path:
     """The caption file of figure `name`."""
-    if name not in FIGURES:
+    if name not in DRAWABLE:
         raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}")
     return CAPTION_DIR / f"{name}.rst"
 
@@ -54,6 +60,11 @@ def bound_sentence(name: str, results: Results) -> str:
         curves = results.convergence
         runs = 0 if curves.empty else len(curves.groupby(["framework", "workers"]))
         return f"Our curves: {runs} training run{'s' if runs != 1 else ''}; no exchange bound applies."
+    if name == "software_cost":
+        runs = results.software_cost
+        count = 0 if runs.empty else len(runs.groupby(["system", "model", "message_setting"]))
+        return (f"Our points: {count} runs on unshaped loopback, each bound by this machine's CPU by design "
+                "(compute removed, links unshaped).")
     rows = normalize.FIGURE_ROWS[name](results.runs)
     return normalize.bound_sentence(normalize.point_bounds(rows))
 
@@ -67,7 +78,7 @@ def render(name: str, results: Results, out_dir: Union[str, Path], ref=None,
            compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
     """Draw one figure into `out_dir` and write its run caption beside it (`<name>.rst`);
     return the PNG's path."""
-    if name not in FIGURES:
+    if name not in DRAWABLE:
         raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}")
     ref = reference_data.load() if ref is None else ref
     out_dir = Path(out_dir)
@@ -76,6 +87,8 @@ def render(name: str, results: Results, out_dir: Union[str, Path], ref=None,
         path = fig_micro.convergence(results.convergence, ref, out_dir)
     elif name == "bandwidth_per_ps":
         path = fig_micro.bandwidth_per_ps(results.runs, ref, out_dir, compute_seconds=compute_seconds)
+    elif name == "software_cost":
+        path = fig_softcost.software_cost(results.software_cost, ref, out_dir)
     else:
         path = FIGURES[name](results.runs, ref, out_dir)
     write_text(out_dir / f"{name}.rst", run_caption(name, results))

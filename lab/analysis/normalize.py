@@ -6,10 +6,11 @@ the machine is not the paper's. Ratios can. Each function here returns one row p
 repeat (ours) or per paper value, with the keys that the figure groups by. `summarize` turns the
 repeats into a median and an interquartile range per plotted point, and carries the point's bound.
 
-The bound of a run row (`bound` column) is "wire" when the emulated network limited it, "cpu" when
-this machine's CPU did, "mixed" when both did; empty when the run did not record it. A plotted
-ratio is only as comparable as both of its points, so its bound combines the bound of the
-numerator's point and that of the reference point (`worst`).
+The bound of a run row (`bound` column, judged against the run's floor by analysis.floors) is
+"compute" when the replayed compute set its pace, "wire" when a link ran nearly full, "cpu" when
+this machine's cores or one process were saturated, "other" for the rest; empty when the run did
+not record it. A plotted ratio is only as comparable as both of its points, so its bound is the
+worse of the numerator's point's and the reference point's (`worst`).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from . import derive
 from .reference import PAPER_MODEL, PAPER_TO_OURS
 from .results import experiment
 
-BOUNDS = ("wire", "cpu", "mixed")
-NOT_COMPARABLE = ("cpu", "mixed")  # bounds whose points say nothing about the paper's network
+BOUNDS = ("compute", "wire", "cpu", "other")
+WORST_FIRST = ("cpu", "other", "wire", "compute")  # verdict.BOUND_ORDER: which bound of several wins
+NOT_COMPARABLE = ("cpu",)  # bounds whose points say nothing about the paper's network
 BASELINE = derive.BASELINE
 
 
@@ -37,7 +39,7 @@ def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def usable(runs: pd.DataFrame) -> pd.DataFrame:
     """The rows a figure may show: every row but those that failed the oracle's verification.
-    Adds `bound` ("wire", "cpu", "mixed" or "" when unknown) and `label` (experiment/point)."""
+    Adds `bound` (one of BOUNDS, or "" when unknown) and `label` (experiment/point)."""
     out = runs.copy()
     for column in ("bound", "verify_kind", "point"):
         if column not in out:
@@ -77,35 +79,28 @@ def _point_ids(rows: pd.DataFrame) -> pd.Series:
     return point.where((point != "") & ~shared, made)
 
 
-def combine(bounds: Iterable[str]) -> str:
-    """One bound for several rows: the common one, "mixed" when they differ, "" when none known."""
-    known = {b for b in bounds if b in BOUNDS}
-    if not known:
-        return ""
-    return known.pop() if len(known) == 1 else "mixed"
-
-
 def worst(bounds: Iterable[str]) -> str:
-    """The bound of a ratio of several points: "cpu" if any was, else "mixed" if any was, else
-    "wire" if any was known to be, else ""."""
+    """One bound for several rows or points: the first of WORST_FIRST among them, "" when none is
+    known."""
     bounds = set(bounds)
-    return next((b for b in ("cpu", "mixed", "wire") if b in bounds), "")
+    return next((b for b in WORST_FIRST if b in bounds), "")
+
 
 
 def point_bounds(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per measured point (`label`) with the bound of its repeats combined."""
     if rows.empty:
         return pd.DataFrame(columns=["label", "bound"])
-    return rows.groupby("label", sort=True)["bound"].agg(combine).reset_index()
+    return rows.groupby("label", sort=True)["bound"].agg(worst).reset_index()
 
 
 def bound_sentence(points: pd.DataFrame, limit: int = 8) -> str:
-    """The caption's count, e.g. "Our 12 points: 11 wire-bound, 1 mixed (scaling/phub-n8)."."""
+    """The caption's count, e.g. "Our 12 points: 11 wire-bound, 1 CPU-bound (scaling/phub-n8)."."""
     if points.empty:
         return "Our points: none in this run."
     parts = []
-    for bound, text in (("wire", "wire-bound"), ("cpu", "CPU-bound"), ("mixed", "mixed"),
-                        ("", "without a recorded bound")):
+    for bound, text in (("compute", "compute-bound"), ("wire", "wire-bound"), ("cpu", "CPU-bound"),
+                        ("other", "bound by neither (other)"), ("", "without a recorded bound")):
         labels = sorted(points.loc[points["bound"] == bound, "label"])
         if not labels:
             continue
@@ -132,7 +127,7 @@ def summarize(values: pd.DataFrame, keys: Sequence[str], value: str) -> pd.DataF
     out = groups[value].median().rename("median").to_frame()
     out["q25"] = groups[value].quantile(0.25)
     out["q75"] = groups[value].quantile(0.75)
-    out["bound"] = groups["bound"].agg(combine)
+    out["bound"] = groups["bound"].agg(worst)
     return out.reset_index()[columns]
 
 
@@ -141,7 +136,7 @@ def _with_reference(frame: pd.DataFrame, reference: pd.DataFrame, keys: List[str
     """`frame` joined with `reference`'s median `value` per `keys` (as `reference`) and its
     combined bound (as `reference_bound`); the row's `bound` becomes the worse of the two."""
     base = reference.groupby(keys)[value].median().rename("reference")
-    base_bound = reference.groupby(keys)["bound"].agg(combine).rename("reference_bound")
+    base_bound = reference.groupby(keys)["bound"].agg(worst).rename("reference_bound")
     out = frame.join(base, on=keys).join(base_bound, on=keys).dropna(subset=["reference"])
     out["bound"] = [worst((a, b)) for a, b in zip(out["bound"], out["reference_bound"])]
     return out
@@ -230,12 +225,12 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame(columns=columns)
     out = _scaling_ratios(rows, ["model"], "exchanges_per_s")
-    phub_bound = rows[rows["system"] == "phub"].groupby(["model", "workers"])["bound"].agg(combine)
+    phub_bound = rows[rows["system"] == "phub"].groupby(["model", "workers"])["bound"].agg(worst)
     theirs = [phub_bound.get((m, w), "") for m, w in zip(out["model"], out["workers"])]
     out["over_phub_bound"] = [worst((a, b)) for a, b in zip(out["bound"], theirs)]
     # the efficiency is relative to the system's fewest workers: its bound counts as well
     first = rows.loc[rows.groupby(["model", "system"])["workers"].transform("min") == rows["workers"]]
-    first_bound = first.groupby(["model", "system"])["bound"].agg(combine)
+    first_bound = first.groupby(["model", "system"])["bound"].agg(worst)
     out["bound"] = [worst((b, first_bound.get((m, s), ""))) for b, m, s in
                     zip(out["bound"], out["model"], out["system"])]
     return out[columns].reset_index(drop=True)
@@ -284,7 +279,7 @@ def per_dollar(runs: pd.DataFrame, prices=None) -> pd.DataFrame:
     values = derive.oversubscription(over, prices)
     if values.empty:
         return values.assign(bound=pd.Series(dtype=object))
-    own = over.groupby(["system", "oversubscription"])["bound"].agg(combine)
+    own = over.groupby(["system", "oversubscription"])["bound"].agg(worst)
     values["bound"] = [worst((own.get((s, o), ""), own.get(("pshard", o), "")))
                        for s, o in zip(values["system"], values["oversubscription"])]
     return values

@@ -85,8 +85,7 @@ def plain_log(ax, axis: str = "y") -> None:
 
 
 # how a point of ours that was not bound by the emulated network is marked, over its filled marker
-BOUND_MARKS = {"cpu": ("CPU-bound here: not comparable", "black"),
-               "mixed": ("partly CPU-bound (mixed): not comparable", "0.5")}
+BOUND_MARKS = {"cpu": ("CPU-bound here: not comparable", "black")}
 
 
 def paper_points(ax, x, y, colour, line: bool = True, label: Optional[str] = None) -> None:
@@ -108,7 +107,7 @@ def ours_points(ax, x, summary, colour, line: bool = True, label: Optional[str] 
 
 
 def mark_bounds(ax, x, y, bounds) -> None:
-    """An "x" over every point whose bound is cpu (black) or mixed (grey)."""
+    """An "x" over every point whose bound is in BOUND_MARKS (cpu: black)."""
     bounds = np.asarray(list(bounds), dtype=object)
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     for bound, (_, colour) in BOUND_MARKS.items():

@@ -15,7 +15,9 @@ from .derive import failed_verification, unchecked
 from .figures import FIGURES
 from .output import write_text
 from .results import Results
-from .verdict import AGREE, CPU_MARK, DERIVED, DIFFER, NO_DATA, PAPER_ONLY, RULE, Claim, fmt
+from experiments.monitor import LINK_FULL
+
+from .verdict import AGREE, CPU_MARK, DERIVED, DIFFER, NO_DATA, NOT_TESTABLE, PAPER_ONLY, RULE, Claim, fmt
 
 
 def _cell(text: str) -> str:
@@ -24,8 +26,8 @@ def _cell(text: str) -> str:
 
 
 COLUMNS = ("claim", "paper", "ours", "ours / paper", "verdict", "bound", "why")
-SUMMARY = ((AGREE, "measured agree"), (DIFFER, "measured differ"), (NO_DATA, "no data"),
-           (PAPER_ONLY, "paper only"), (DERIVED, "derived"))
+SUMMARY = ((AGREE, "measured agree"), (DIFFER, "measured differ"), (NOT_TESTABLE, "not testable here"),
+           (NO_DATA, "no data"), (PAPER_ONLY, "paper only"), (DERIVED, "derived"))
 
 
 def claims_table(claims: List[Claim]) -> str:
@@ -119,7 +121,8 @@ def check(results: Results, figures_dir: Union[str, Path], report_path: Union[st
           compute_seconds: Optional[Mapping[str, float]] = None, min_measured: int = 1) -> List[str]:
     """What a finished run lacks (empty: nothing): a figure that is missing or not a PNG, a claim
     with no row in the report, a verdict without its data (see Claim.problems), a differ row
-    without a cause, a report row that uses CPU-bound points without saying so, and fewer than
+    without a cause, a report row that uses CPU-bound points without saying so, a run labelled wire
+    whose busiest link was not LINK_FULL busy, and fewer than
     `min_measured` measured rows (agree or differ; derived and paper-only rows never count)."""
     problems = []
     for name in FIGURES:
@@ -143,6 +146,10 @@ def check(results: Results, figures_dir: Union[str, Path], report_path: Union[st
                             f"without saying {CPU_MARK!r}")
         if cells.get("verdict") == f"**{DIFFER}**" and "Cause: " not in why and "Cause unknown" not in why:
             problems.append(f"report {report_path}: the row {claim!r} differs without a cause")
+    wire = results.runs[results.runs["bound"] == "wire"] if "bound" in results.runs else results.runs.iloc[:0]
+    short = wire[~(pd.to_numeric(wire["link_utilization"], errors="coerce") >= LINK_FULL)]
+    problems += [f"run {r.experiment}/{r.point} repeat {r.repeat}: labelled wire with its busiest link "
+                 f"{r.link_utilization} busy (< {LINK_FULL})" for r in short.itertuples()]
     measured = sum(c.measured for c in claims)
     if measured < min_measured:
         problems.append(f"only {measured} of {len(claims)} claims have a measured value (expected >= {min_measured}; "

@@ -9,8 +9,11 @@ A results directory holds, at any depth, two kinds of CSV file:
   `loss`, or `train_loss` as `experiments.convergence` writes it.
 
 A file is read as a run file when it has an `experiment` column, or as a convergence curve when
-it has `framework` and `epoch` columns. Any other file, a missing column, or a value that does
-not parse raises `ResultsError`, and the message names the file, the column and the first bad row.
+it has `framework` and `epoch` columns; a file whose every row is of the software-cost experiment
+(`experiment` = "software_cost", CPU seconds by role: columns of its own) goes to its own table.
+Every run row gets its floors and its bound judged by `analysis.floors` as it loads. Any other
+file, a missing column, or a value that does not parse raises `ResultsError`, and the message
+names the file, the column and the first bad row.
 Files whose names start with "." are skipped, because those are temporary files from atomic writes.
 
 Run files may also carry the columns of `OPTIONAL` (what bounded the run, its CPU and link use,
@@ -26,6 +29,10 @@ from typing import List, Union
 
 import pandas as pd
 
+from experiments.monitor import FLOOR_COLUMNS
+
+from . import floors
+
 EXPERIMENTS = ("pbox", "capacity", "scaling", "cross_rack", "oversubscription", "breakdown",
                "chunk_sweep", "convergence", "multitenant", "calibration")
 SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
@@ -33,7 +40,9 @@ NETWORKS = ("loopback", "emulated", "cluster")
 SETTINGS = ("cloud10g", "ib56g", "")
 COMPUTE = ("zero", "replay", "real")
 VARIANTS = ("full", "no_aggregation", "no_optimizer", "no_compute", "alone", "shared", "")
-BOUNDS = ("wire", "cpu", "mixed", "")  # what limited a run: the emulated network, this machine's CPU, both
+# What set a run's pace (experiments.monitor.classify); "mixed" is what older files said of cores
+# 60-85% busy: such rows are judged again from their figures when loaded (analysis.floors).
+BOUNDS = ("compute", "wire", "cpu", "other", "mixed", "")
 # oracle: checked against a reference result; workers_agree (real compute): the workers' weights
 # checked against each other; none: nothing to check (e.g. a variant without the optimizer)
 VERIFY_KINDS = ("oracle", "workers_agree", "none", "")
@@ -43,7 +52,7 @@ INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat", "
 REAL = ("oversubscription", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
         "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "cpu_busy",
         "cpu_steal", "busiest_process_cpu", "link_utilization", "tcp_retransmits", "tcp_timeouts",
-        "chunks_per_s_per_core", "gbit_per_s_per_core")
+        "chunks_per_s_per_core", "gbit_per_s_per_core") + FLOOR_COLUMNS
 BOOLEAN = ("verified",)
 COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores",
            "chunk_bytes", "oversubscription", "network", "setting", "link_gbps",
@@ -53,7 +62,7 @@ COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interf
 # Columns that newer run files carry; a file without them loads with them empty.
 OPTIONAL = ("bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "link_utilization",
             "chunk_bytes_paper", "chunks_per_worker", "verify_kind", "job", "chunks_per_s_per_core",
-            "gbit_per_s_per_core", "tcp_retransmits", "tcp_timeouts", "cpu_steal")
+            "gbit_per_s_per_core", "tcp_retransmits", "tcp_timeouts", "cpu_steal") + FLOOR_COLUMNS
 # Columns that may not be empty on any row (the others can be empty where they do not apply,
 # e.g. samples_per_s in a run with compute removed).
 REQUIRED_VALUES = ("experiment", "system", "workers", "repeat")
@@ -62,6 +71,7 @@ ALLOWED = {"experiment": EXPERIMENTS, "system": SYSTEMS, "network": NETWORKS, "s
 # A calibration run measures one server core with no job around it: no network setting or compute.
 EMPTY_IN_CALIBRATION = ("network", "compute")
 CONVERGENCE_COLUMNS = ("framework", "workers", "epoch", "loss")
+SOFTWARE_COST = "software_cost"
 
 PathLike = Union[str, Path]
 
@@ -74,6 +84,9 @@ class ResultsError(ValueError):
 class Results:
     runs: pd.DataFrame  # one row per measured run, COLUMNS (+ extras) plus `source_file`
     convergence: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONVERGENCE_COLUMNS))
+    # the software-cost experiment's rows (experiment "software_cost": CPU seconds by role, with
+    # columns of their own), as written; empty when the run has none
+    software_cost: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def empty_runs() -> pd.DataFrame:
@@ -192,20 +205,25 @@ def load(directory: PathLike) -> Results:
         raise FileNotFoundError(f"results directory {directory} does not exist")
     runs: List[pd.DataFrame] = []
     curves: List[pd.DataFrame] = []
+    software: List[pd.DataFrame] = []
     for path in sorted(directory.rglob("*.csv")):
         if any(part.startswith(".") for part in path.relative_to(directory).parts):
             continue
         frame = _read(path)
-        if "experiment" in frame.columns:
+        if "experiment" in frame.columns and (frame["experiment"] == SOFTWARE_COST).all() and len(frame):
+            software.append(frame.assign(source_file=str(path)))
+        elif "experiment" in frame.columns:
             runs.append(_runs(frame, path))
         elif {"framework", "epoch"} <= set(frame.columns):
             curves.append(_convergence(frame, path))
         else:
             _fail(path, "missing column 'experiment' (a run file) or 'framework' and 'epoch' "
                         "(a convergence curve)")
-    result = Results(pd.concat(runs, ignore_index=True) if runs else empty_runs())
+    result = Results(floors.settle(pd.concat(runs, ignore_index=True)) if runs else empty_runs())
     if curves:
         result.convergence = pd.concat(curves, ignore_index=True)
+    if software:
+        result.software_cost = pd.concat(software, ignore_index=True).apply(pd.to_numeric, errors="ignore")
     return result
 
 

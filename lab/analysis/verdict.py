@@ -12,16 +12,21 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
+from experiments.monitor import CPU_BOUND, LINK_FULL, NEAR_FLOOR
+
 LOW, HIGH = 0.8, 1.25  # ours / paper within this range = agree (symmetric on a log scale)
 PERCENT_RELATIVE = 0.5  # overheads in percent: agree within ±50% of the paper's value
 PERCENT_AT_ZERO = 0.5  # ... and, only where the paper's value is 0, within ±0.5 percentage points
 
 AGREE, DIFFER, NO_DATA, PAPER_ONLY, DERIVED = "agree", "differ", "no data", "paper only", "derived"
-VERDICTS = (AGREE, DIFFER, NO_DATA, PAPER_ONLY, DERIVED)
+NOT_TESTABLE = "not testable here"
+VERDICTS = (AGREE, DIFFER, NOT_TESTABLE, NO_DATA, PAPER_ONLY, DERIVED)
 MEASURED, DERIVED_BASIS = "measured", "derived"  # where `ours` comes from
 CPU_MARK = "CPU-bound here: not comparable"
 CAUSE_UNKNOWN = "cause unknown"
-BOUND_ORDER = ("cpu", "mixed", "wire", "unknown")  # the worst bound of a point's repeats wins
+# The worst bound of a point's repeats wins: a CPU-bound repeat says most about this machine,
+# a compute-bound one least (experiments.monitor.classify).
+BOUND_ORDER = ("cpu", "other", "wire", "compute", "unknown")
 
 RULE = f"""\
 | kind of number | agree when |
@@ -39,13 +44,22 @@ of one iteration time, but the band is relative, with no absolute floor: an over
 never agree with the paper's 0.4%, so a run that cannot see the overhead at all does not pass.
 
 Verdicts: **agree** / **differ** compare a number this run measured (possibly through a stated
-model) with the paper's. Every **differ** names its cause, a measured one or "{CAUSE_UNKNOWN}".
-**derived** rows are computed from the paper's own numbers, or from our measurement plus a stated
-model; they show the computation and how it compares, but never count as measured. **no data**
-means that this run measured nothing for the claim (the reason says what is missing).
-**paper only** means that the claim cannot be measured in this reproduction at all.
-The *bound* column says what limited each measured point: `wire` (the emulated network), `cpu`
-(this machine's CPU) or `mixed`. A row that uses a `cpu` point says "{CPU_MARK}": its verdict is
+model) with the paper's. **not testable here** is a measured number that could not have agreed
+whatever the system under test did: each run has a *floor* (the larger of its replayed compute and
+its busiest link's bytes at the configured rate), and the best the run allows (the baseline's
+time over the system's floor, for a speedup) lies short of the agreement band around the paper's
+value; the row gives that ceiling and what sets it, and does not count as measured. Every
+**differ** names its cause: one the rows show moved this number in the direction of the
+difference, with its share of the gap, or "{CAUSE_UNKNOWN}". **derived** rows are computed from the
+paper's own numbers, or from our measurement plus a stated model; they show the computation and
+how it compares, but never count as measured. **no data** means that this run measured nothing
+for the claim (the reason says what is missing). **paper only** means that the claim cannot be
+measured in this reproduction at all.
+The *bound* column says what set the pace of each measured point (its worst repeat), judged
+against its floor: `compute` (within {NEAR_FLOOR:g}× its replayed compute), `wire` (its busiest
+link ran at ≥ {LINK_FULL:.0%} of its rate), `cpu` (this machine's cores or one process were
+≥ {CPU_BOUND:.0%} busy) or `other` (nothing ran full, yet the point was slower than its floor:
+latency, stalls, the protocol). A row that uses a `cpu` point says "{CPU_MARK}": its verdict is
 kept but says nothing about the paper's system. Runs that failed verification (verify_kind oracle
 or workers_agree) are left out of every number, and the row says how many were dropped; runs with
 nothing to verify are kept, and the row says so. Counts of workers and absolute rates depend on the
@@ -60,7 +74,7 @@ class Evidence:
     """The run rows behind one measured claim: what bounded its points, and what was left out."""
     bounds: Dict[str, int] = field(default_factory=dict)  # points by bound (BOUND_ORDER)
     cpu_points: List[str] = field(default_factory=list)
-    mixed_points: List[str] = field(default_factory=list)
+    other_points: List[str] = field(default_factory=list)
     dropped: int = 0  # runs that failed verification
     unverifiable: int = 0  # runs with nothing to verify (verify_kind "none")
     unchecked: int = 0  # runs with verified false and no verify_kind (older files): kept
@@ -72,7 +86,7 @@ class Evidence:
         if kept.empty:
             return out
         bound = kept["bound"].fillna("") if "bound" in kept else pd.Series("", index=kept.index)
-        bound = bound.where(bound != "", "unknown")
+        bound = bound.where(bound.isin(BOUND_ORDER), "unknown")
         points = _points(kept).assign(rank=bound.map({b: i for i, b in enumerate(BOUND_ORDER)}))
         worst = points.groupby("key").agg(name=("name", "first"), rank=("rank", "min"))
         for point_name, r in zip(worst["name"], worst["rank"]):
@@ -80,8 +94,8 @@ class Evidence:
             out.bounds[b] = out.bounds.get(b, 0) + 1
             if b == "cpu":
                 out.cpu_points.append(point_name)
-            elif b == "mixed":
-                out.mixed_points.append(point_name)
+            elif b == "other":
+                out.other_points.append(point_name)
         if "verify_kind" in kept:
             out.unverifiable = int((kept["verify_kind"] == "none").sum())
             out.unchecked = int(((kept["verify_kind"].fillna("") == "") & (kept["verified"] == False))  # noqa: E712
@@ -93,7 +107,7 @@ class Evidence:
         return sum(self.bounds.values())
 
     def column(self) -> str:
-        """The report's bound column, e.g. 'wire (12)' or 'cpu 3 / mixed 1 / wire 8'."""
+        """The report's bound column, e.g. 'wire (12)' or 'cpu 3 / other 1 / wire 8'."""
         present = [(b, self.bounds[b]) for b in BOUND_ORDER if self.bounds.get(b)]
         if not present:
             return "—"
@@ -107,8 +121,8 @@ class Evidence:
         out = []
         if bounds and self.cpu_points:
             out.append(f"{CPU_MARK} ({len(self.cpu_points)} of {self.points} points: {_names(self.cpu_points)}).")
-        if bounds and self.mixed_points:
-            out.append(f"Mixed-bound points: {_names(self.mixed_points)}.")
+        if bounds and self.other_points:
+            out.append(f"Points slower than their floor with nothing full (other): {_names(self.other_points)}.")
         if bounds and self.bounds.get("unknown"):
             out.append(f"Bound not recorded for {self.bounds['unknown']} of {self.points} points.")
         if self.dropped:
@@ -147,6 +161,23 @@ def _names(points: List[str], most: int = 4) -> str:
     return shown + (f" and {len(points) - most} more" if len(points) > most else "")
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The best value of a claim's number that this run allows, whatever the system under test
+    does: with `side` "max" the number can be at most `value` (a speedup: the baseline's time over
+    the system's floor), with "min" at least `value` (the system's time over the baseline's: its
+    floor over the baseline's time). `mechanism` says in words what sets it, with its figures."""
+    value: float
+    side: str  # "max" | "min"
+    mechanism: str
+
+    def excludes(self, low: float, high: float) -> bool:
+        """True when no value this run allows lies in [low, high] (the agreement band)."""
+        if math.isnan(self.value):
+            return False
+        return self.value < low if self.side == "max" else self.value > high
+
+
 @dataclass
 class Claim:
     """A paper claim. `kind` is ratio | percent | at_least | order | exact | paper_only.
@@ -156,7 +187,9 @@ class Claim:
     `basis` says where ours comes from: "measured" (this run) or "derived" (the paper's numbers,
     or our measurement plus the model stated in `method`). `why` explains a verdict of differ,
     no data or paper only; `cause` is a differ's cause (a measured one or CAUSE_UNKNOWN); `note`
-    qualifies any verdict. `evidence` holds the run rows behind a measured claim.
+    qualifies any verdict. `evidence` holds the run rows behind a measured claim. `ceiling`, where
+    the claim can compute one, is the best this run allows; a measured differ whose agreement band
+    lies wholly beyond it is **not testable here**.
     """
     section: str
     claim: str
@@ -170,6 +203,7 @@ class Claim:
     method: str = ""
     cause: str = ""
     evidence: Optional[Evidence] = None
+    ceiling: Optional[Ceiling] = None
 
     @property
     def missing(self) -> bool:
@@ -204,6 +238,25 @@ class Claim:
         return AGREE if self.ratio is not None and LOW <= self.ratio <= HIGH else DIFFER
 
     @property
+    def band(self) -> Optional[tuple]:
+        """The values of ours that would agree, (low, high); None for kinds without a numeric band."""
+        if self.kind not in ("ratio", "percent", "at_least") or self.paper is None:
+            return None
+        paper = float(self.paper)
+        if self.kind == "percent":
+            width = PERCENT_RELATIVE * abs(paper) if paper else PERCENT_AT_ZERO
+            return paper - width, paper + width
+        if self.kind == "at_least":
+            return LOW * paper, math.inf
+        return LOW * paper, HIGH * paper
+
+    @property
+    def testable(self) -> bool:
+        """False when the run's ceiling leaves no value in the agreement band."""
+        band = self.band
+        return self.ceiling is None or band is None or not self.ceiling.excludes(*band)
+
+    @property
     def verdict(self) -> str:
         if self.kind == "paper_only":
             return PAPER_ONLY
@@ -211,7 +264,8 @@ class Claim:
             return NO_DATA
         if self.basis == DERIVED_BASIS:
             return DERIVED
-        return self.comparison or NO_DATA
+        comparison = self.comparison or NO_DATA
+        return NOT_TESTABLE if comparison == DIFFER and not self.testable else comparison
 
     @property
     def measured(self) -> bool:
@@ -219,11 +273,9 @@ class Claim:
 
     @property
     def full_cause(self) -> str:
-        """A differ's cause: the one the claim code stated, or CPU-bound points (always measured)."""
-        found = [self.cause.strip()] if self.cause.strip() else []
-        if self.evidence is not None and self.evidence.cpu_points and not any("CPU-bound" in c for c in found):
-            found.insert(0, "CPU-bound here")
-        return "; ".join(found)
+        """A differ's cause as the claim code found it (analysis.claims.causes): measured, or
+        CAUSE_UNKNOWN."""
+        return self.cause.strip()
 
     @property
     def bound(self) -> str:
@@ -237,6 +289,12 @@ class Claim:
         if verdict == DIFFER:
             cause = self.full_cause
             parts.append("" if not cause else "Cause unknown." if cause == CAUSE_UNKNOWN else f"Cause: {cause}.")
+        if verdict == NOT_TESTABLE:
+            low, high = self.band
+            needs = f"≥ {fmt(low, self.unit)}" if self.ceiling.side == "max" else f"≤ {fmt(high, self.unit)}"
+            most = "at most" if self.ceiling.side == "max" else "at least"
+            parts.append(f"Not testable here: this run allows {most} {fmt(self.ceiling.value, self.unit)} "
+                         f"({self.ceiling.mechanism}); agreeing with the paper needs {needs}.")
         if verdict == DERIVED:
             parts.append(f"Derived: {self.method}" if self.method else "Derived.")
             ratio = f" (ours / paper {self.ratio:.2f})" if self.ratio is not None else ""
@@ -258,6 +316,8 @@ class Claim:
             out.append("is derived but does not state how")
         if verdict == DIFFER and not self.full_cause:
             out.append(f"differs without a cause (a measured one or {CAUSE_UNKNOWN!r})")
+        if verdict == NOT_TESTABLE and not self.ceiling.mechanism.strip():
+            out.append("is not testable here without saying what sets its ceiling")
         if self.evidence is not None and self.evidence.cpu_points and self.basis == MEASURED \
                 and verdict in (AGREE, DIFFER) and CPU_MARK not in self.reason:
             out.append(f"uses CPU-bound points without saying {CPU_MARK!r}")

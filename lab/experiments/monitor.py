@@ -27,10 +27,14 @@ half of the span in which any was, that one) and works out:
   namespaces sent again and the retransmission timeouts they took (/proc/PID/net/snmp and
   netstat), between the samples around the window: a timeout stalls its connection for at least
   200 ms; whether that cost the run time shows against the point's repeats without any
-  (`analysis.claims.common.tcp_stalls`);
-* ``bound``: ``cpu`` when either CPU figure is >= CPU_BOUND, ``mixed`` when >= CPU_MIXED (unless
-  a link ran nearly full), else ``wire`` (the emulated testbed, its links and the replayed GPU,
-  set the pace, not this machine).
+  (`analysis.claims.causes.troubled_runs`);
+* ``bound``: what set the run's pace, judged against its *floor* (`floors`: the larger of its
+  replayed compute and its busiest link's bytes at the configured rate, per iteration):
+  ``compute`` when the run took at most NEAR_FLOOR x its compute floor (the replayed GPU set the
+  pace), ``wire`` when its busiest link ran at >= LINK_FULL of its rate, ``cpu`` when the cores
+  or one process were saturated (>= CPU_BOUND), and ``other`` for the rest (latency, stalls,
+  the protocol: nothing ran full, yet the run was slower than its floor). The first that holds,
+  in that order, is the bound (`classify`).
 
 A window's figures interpolate between the samples around its end, so the processes must still
 be alive at a sample after it: a Monitor given a `clock_file` writes its latest sample's time
@@ -52,8 +56,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 PERIOD = 0.2  # seconds between samples: fine enough for windows of a few seconds, ~1% of a core
 HOLD_TIMEOUT = 5 * PERIOD  # a worker waits at most this long for a sample past its window
 CPU_BOUND = 0.85  # a CPU figure at or above this: the point measured this machine's CPU
-CPU_MIXED = 0.6  # between this and CPU_BOUND: the cores were busy enough to slow some steps
-LINK_FULL = 0.85  # a link this busy was the bottleneck, whatever the cores did below CPU_BOUND
+LINK_FULL = 0.85  # a link this busy was the bottleneck
+NEAR_FLOOR = 1.1  # a run within this factor of its compute floor was paced by the replayed GPU
+BOUNDS = ("compute", "wire", "cpu", "other")  # in the order `classify` tests them
+FLOOR_COLUMNS = ("compute_floor_seconds", "wire_floor_seconds", "floor_seconds", "over_floor")  # `floors`
 STOLEN = 0.05  # cores that lost this share of their time to the hypervisor ran slower than the machine allows
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -295,15 +301,42 @@ def _delta(samples: Sequence[Sample], start: float, end: float, value) -> Option
     return last - first
 
 
-def classify(cpu_busy: Optional[float], busiest_cpu: Optional[float], link: Optional[float] = None) -> str:
-    """wire | mixed | cpu from the two CPU figures (see the module docstring); a point whose
-    busiest link ran at >= LINK_FULL of its rate is wire-bound unless the cores were saturated."""
-    worst = max(x for x in (cpu_busy, busiest_cpu, 0.0) if x is not None)
-    if worst >= CPU_BOUND:
+def classify(cpu_busy: Optional[float], busiest_cpu: Optional[float], link: Optional[float] = None,
+             over_compute: Optional[float] = None) -> str:
+    """compute | wire | cpu | other (see the module docstring). `link`: the busiest link's
+    utilization (None where links have no rate); `over_compute`: the run's time over its compute
+    floor (None without compute)."""
+    if over_compute is not None and over_compute <= NEAR_FLOOR:
+        return "compute"
+    if link is not None and link >= LINK_FULL:
+        return "wire"
+    if max(x for x in (cpu_busy, busiest_cpu, 0.0) if x is not None) >= CPU_BOUND:
         return "cpu"
-    if worst >= CPU_MIXED and not (link is not None and link >= LINK_FULL):
-        return "mixed"
-    return "wire"
+    return "other"
+
+
+def floors(seconds: float, compute_seconds: Optional[float], wire_seconds: Optional[float]) -> dict:
+    """A run's floor per iteration: the larger of its replayed compute (`compute_seconds`) and its
+    busiest link's bytes at the configured rate (`wire_seconds`), each None when unknown or 0 when
+    absent; and the run's `seconds` per iteration over it (`over_floor`, None without a floor)."""
+    known = [x for x in (compute_seconds, wire_seconds) if x is not None and x > 0]
+    floor = max(known) if known else None
+    return {"compute_floor_seconds": _round(compute_seconds, 6), "wire_floor_seconds": _round(wire_seconds, 6),
+            "floor_seconds": _round(floor, 6), "over_floor": _round(seconds / floor) if floor else None}
+
+
+def settle(figures: dict, seconds: float, compute_seconds: Optional[float], iterations: int) -> dict:
+    """`summarize`'s figures of one block of `iterations` with the block's floors (`floors`) and its
+    bound judged against them; {} stays {}. The busiest link's bytes at its rate are its
+    utilization times the timed window, spread over the block's iterations."""
+    if not figures:
+        return figures
+    link, window = figures.get("link_utilization"), figures.get("timed_seconds")
+    wire = link * window / iterations if link is not None and window else None
+    out = dict(figures, **floors(seconds, compute_seconds, wire))
+    over_compute = seconds / compute_seconds if compute_seconds else None
+    out["bound"] = classify(figures.get("cpu_busy"), figures.get("busiest_process_cpu"), link, over_compute)
+    return out
 
 
 def block(ranks: Sequence[Mapping], first: int, count: int) -> List[dict]:
@@ -398,5 +431,5 @@ def _losses(samples: Sequence[Sample], start: float, end: float) -> Tuple[Option
     return (sum(last[ns][0] - first[ns][0] for ns in common), sum(last[ns][1] - first[ns][1] for ns in common))
 
 
-def _round(x: Optional[float]) -> Optional[float]:
-    return None if x is None else round(float(x), 4)
+def _round(x: Optional[float], digits: int = 4) -> Optional[float]:
+    return None if x is None else round(float(x), digits)

@@ -23,7 +23,7 @@ from phub.errors import PHubError
 from phub.launch import run_job
 
 from .models import load_model, scaled
-from .monitor import Monitor, block, summarize
+from .monitor import Monitor, block, settle, summarize
 from .runner import QUIET_TAIL_LINES, worker_pythonpath
 from .worker import ENV_PARAMS
 
@@ -89,13 +89,15 @@ def run_tenants(rack, point: dict, log, time_limit: float = 300.0) -> List[dict]
                 with Monitor(clock_file=clock) as monitor:
                     results = run_jobs(cluster, jobs, dict(params, monitor_clock=clock), out, time_limit)
             everyone = [r for job in jobs for r in results[job]]
-            bound = summarize(monitor.samples, block(everyone, 0, point["iterations"]), os.cpu_count() or 1,
-                              rates.get("host"), rates.get("pbox_nic"))
+            figures = summarize(monitor.samples, block(everyone, 0, point["iterations"]), os.cpu_count() or 1,
+                                rates.get("host"), rates.get("pbox_nic"))
             for job in jobs:
+                seconds = seconds_per_iteration(results[job])
                 rows.append({"workers": half, "job": job, "share": share if variant == "shared" else 1.0,
                              "variant": variant, "repeat": repeat, "bytes_per_worker": nbytes,
-                             "seconds_per_iteration": seconds_per_iteration(results[job]), "verified": True,
-                             "verify_kind": "oracle", "cluster": dict(cluster.extra), "bound": bound})
+                             "seconds_per_iteration": seconds, "verified": True, "verify_kind": "oracle",
+                             "cluster": dict(cluster.extra),
+                             "bound": settle(figures, seconds, None, point["iterations"])})
             print(f"multitenant: repeat {repeat} {variant}: "
                   + ", ".join(f"job {j} {rows[-len(jobs) + i]['seconds_per_iteration'] * 1e3:.1f} ms"
                               for i, j in enumerate(jobs)), file=log, flush=True)

@@ -12,9 +12,10 @@ compute, compute_seconds_per_iteration, compute_provenance, verified, verify_max
 ("oracle", or "workers_agree" with real compute; null without --verify), network,
 cluster (the cluster's `extra`: link rates etc., empty on loopback), the system's own settings
 (servers, interfaces, cores, ...), gbit_per_s_per_worker, host, python, and bound (what limited
-the run: cpu_busy, cpu_steal, busiest_process, busiest_process_cpu, link_utilization, bound =
-wire | mixed | cpu; see experiments.monitor; {} when the samples missed the timed iterations), and
-windows (each rank's [start, end] of the block on CLOCK_MONOTONIC, null where a rank reported no stamps).
+the run: cpu_busy, cpu_steal, busiest_process, busiest_process_cpu, link_utilization, its floors
+(compute_floor_seconds, wire_floor_seconds, floor_seconds, over_floor) and bound = compute | wire |
+cpu | other; see experiments.monitor; {} when the samples missed the timed iterations), and windows
+(each rank's [start, end] of the block on CLOCK_MONOTONIC, null where a rank reported no stamps).
 
 With `--compute real` (experiments.realcompute) the bytes, batch and compute seconds are the real
 network's (measured by the workers), and the row adds zoo_model, image_size, device and
@@ -39,7 +40,7 @@ from phub.errors import ConfigError, PHubError
 
 from . import realcompute
 from .models import compute_schedule, load_model, scaled
-from .monitor import Monitor, block, summarize
+from .monitor import Monitor, block, settle, summarize
 from .network import cluster_for
 from .systems import get_system
 from .worker import ENV_PARAMS
@@ -178,8 +179,9 @@ def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cl
         row = _row(sut, scaled(loaded, scale), workers, iterations, warmup, verify, options, cluster, part, real)
         row["repeat"] = b
         row["windows"] = [view["window"] for view in block(ranks, first, iterations)]
-        row["bound"] = summarize(monitor.samples, block(ranks, first, iterations), os.cpu_count() or 1,
-                                 rates.get("host"), rates.get("pbox_nic"))
+        figures = summarize(monitor.samples, block(ranks, first, iterations), os.cpu_count() or 1,
+                            rates.get("host"), rates.get("pbox_nic"))
+        row["bound"] = settle(figures, row["seconds_per_iteration"], row["compute_seconds_per_iteration"], iterations)
         rows.append(row)
     return rows
 

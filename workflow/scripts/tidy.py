@@ -7,6 +7,7 @@ from __future__ import annotations
 import platform
 import subprocess
 
+from experiments.monitor import FLOOR_COLUMNS
 from experiments.runner import exchanges_per_s
 
 COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
@@ -15,7 +16,8 @@ COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interf
            "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
            "verify_kind", "bound", "cpu_busy", "cpu_steal", "busiest_process", "busiest_process_cpu", "service_cpu",
-           "link_utilization", "tcp_retransmits", "tcp_timeouts", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
+           "link_utilization", "compute_floor_seconds", "wire_floor_seconds", "floor_seconds", "over_floor",
+           "tcp_retransmits", "tcp_timeouts", "chunks_per_s_per_core", "shared_with", "measurement", "git_commit", "host"]
 
 
 def git_commit() -> str:
@@ -71,7 +73,9 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
         "cpu_steal": _opt(bound.get("cpu_steal")),
         "busiest_process": bound.get("busiest_process", ""),
         "busiest_process_cpu": _opt(bound.get("busiest_process_cpu")), "service_cpu": _opt(bound.get("service_cpu")),
-        "link_utilization": _opt(bound.get("link_utilization")), "tcp_retransmits": _opt(bound.get("tcp_retransmits")),
+        "link_utilization": _opt(bound.get("link_utilization")),
+        **{k: _opt(bound.get(k)) for k in FLOOR_COLUMNS},
+        "tcp_retransmits": _opt(bound.get("tcp_retransmits")),
         "tcp_timeouts": _opt(bound.get("tcp_timeouts")), "chunks_per_s_per_core": rate,
         "shared_with": shared_with, "measurement": point["measurement"], "git_commit": commit, "host": platform.node(),
     }

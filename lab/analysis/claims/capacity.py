@@ -8,8 +8,9 @@ import pandas as pd
 
 from .. import derive
 from ..reference import Table
-from ..verdict import DERIVED_BASIS, Claim
-from .common import NAN, Runs, causes, med, one_machine, setup
+from ..verdict import CAUSE_UNKNOWN, DERIVED_BASIS, Claim
+from .causes import Side, TimeRatio, ratio_causes
+from .common import NAN, Runs, med, one_machine, scaling_words, setup
 
 SECTION = "Cost and capacity"
 PBOX_CORES, PBOX_NICS, PBOX_NIC_GBPS = 28, 10, 56.0  # the paper's PBox (NOTES: 28 server threads, 10 x 56 Gbps)
@@ -24,6 +25,8 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
     where = dict(oversubscription=2.0, system=["phub", "pshard"])
     phub, shard = (med(kept, "samples_per_s", system=s) for s in ("phub", "pshard"))
     throughput = phub / shard if shard and not math.isnan(shard) else NAN
+    ratio = TimeRatio(Side("pshard at 2:1", kept[kept["system"] == "pshard"]),
+                      Side("phub at 2:1", kept[kept["system"] == "phub"]))
     missing = "No phub and pshard runs at 2:1 oversubscription."
     out = [Claim(SECTION, "PBox's throughput over the sharded PS's at 2:1 core oversubscription: at least "
                  f"the printed per-$ ratio ({cost['PBox']:g} / {cost['Standard-Shard']:g})", per_dollar,
@@ -33,7 +36,8 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                       "known; because a PBox deployment costs at least what the sharded one does (it adds a "
                       "PBox per rack), the printed per-$ ratio is a lower bound of the throughput ratio, and "
                       "that bound is what is compared.",
-                 cause=causes(kept), evidence=runs.evidence("oversubscription", **where))]
+                 cause=ratio_causes(ratio, per_dollar), ceiling=ratio.ceiling(scaling_words(kept)),
+                 evidence=runs.evidence("oversubscription", **where))]
     measured = over[(over["system"] == "phub") & (over["oversubscription"] == 2.0)]
     per_rack = (measured["workers"] / measured["racks"]).median() if len(measured) else NAN
     out.append(Claim(SECTION, "25% better throughput per $ than a sharded PS at 2:1 core oversubscription "
@@ -55,6 +59,8 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
     flat = derive.capacity_flatness(cap, 8)
     where = dict(system="phub", interfaces=widest, workers=[1, 8]) if widest is not None else dict(system="phub")
     rows = runs.kept("capacity", **where)
+    one, eight = (Side(f"phub at {n} worker{'s' if n > 1 else ''}", rows[rows["workers"] == n]) for n in (1, 8))
+    ratio = TimeRatio(one, eight)
     here = ("the CPU of the one machine that runs every worker and the server"
             if one_machine(rows) else "the server's CPU and TCP stack")
     if flat is None:
@@ -67,7 +73,8 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                  "/ at 1 (the paper's PBox is flat far beyond 8)", 1.0, NAN if flat is None else flat,
                  why=why, note=f"Ours: exchanges/s per worker with compute removed, {widest} interface(s)."
                  if widest is not None else "",
-                 cause=causes(rows, paper_workers=0), evidence=runs.evidence("capacity", **where)),
+                 cause=ratio_causes(ratio, 1.0), ceiling=ratio.ceiling(),
+                 evidence=runs.evidence("capacity", **where)),
            Claim(SECTION, "A PBox is capped by PCIe-to-cache transfers: ~1500 M cache-line transfers/s, of which "
                  "PHub uses 95%", 1500.0, None, "paper_only", unit=" M/s",
                  why="Needs the PBox's hardware counters: paper value only."),
@@ -142,5 +149,5 @@ def multitenant_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          why=setup(rows) if len(mine) else "No multitenant runs (alone and shared).",
                          note=(f"{jobs} jobs. The paper states that several jobs can share a PBox but prints no "
                                "number; 1.0 is what its design implies (no locks or shared state between jobs)."),
-                         cause=causes(rows, paper_workers=0), evidence=runs.evidence("multitenant", **where)))
+                         cause=CAUSE_UNKNOWN, evidence=runs.evidence("multitenant", **where)))
     return out

@@ -8,10 +8,13 @@ from typing import Dict, List, Mapping, Optional
 import numpy as np
 import pandas as pd
 
+from experiments.monitor import NEAR_FLOOR
+
 from .. import derive
 from ..reference import PAPER_MODEL, Table
-from ..verdict import DERIVED_BASIS, Claim
-from .common import NAN, Runs, causes, setup
+from ..verdict import CAUSE_UNKNOWN, DERIVED_BASIS, Claim
+from .causes import Side, TimeRatio, ratio_causes
+from .common import NAN, Runs, scaling_words, setup
 
 SWEEP = "Microbenchmarks: chunk size"
 BREAKDOWN = "Where time goes (breakdown)"
@@ -41,7 +44,7 @@ def chunk_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                                           f"{medians.min() / medians.max():.3f} of the best rate, so it has no peak")
         note = f"Ours: the highest median samples/s was at {_kb(peak)}, within noise of every other size."
     else:
-        ours_peak, cause = (peak / 1024 if peak else None), causes(rows, paper_workers=0)
+        ours_peak, cause = (peak / 1024 if peak else None), CAUSE_UNKNOWN
         note = "Ours: the paper-equivalent chunk size with the highest median samples/s." if peak else ""
     out = [Claim(SWEEP, "Training throughput peaks at 32 KB chunks", paper_peak / 1024, ours_peak, "exact",
                  unit=" KB", why=why if peak else "No chunk-sweep runs of phub.", note=note, cause=cause,
@@ -51,14 +54,19 @@ def chunk_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          why="No chunk-sweep runs of phub."))
         return out
     ours_sizes = shape.groupby("chunk_bytes_paper")["chunk_bytes"].first()
+    peak_rows = Side(f"phub at the peak ({_kb(peak)})", runs.kept("chunk_sweep", system="phub",
+                                                                   chunk_bytes=int(ours_sizes[peak])))
     for size, value in medians.items():
         paper_value, how = paper_curve(curve, float(size))
+        ratio = TimeRatio(peak_rows, Side(f"phub at {_kb(size)}", runs.kept("chunk_sweep", system="phub",
+                                                                             chunk_bytes=int(ours_sizes[size]))))
         out.append(Claim(SWEEP, f"Throughput at {_kb(size)} (paper-equivalent) relative to the peak",
                          paper_value, float(value),
                          why=why if not math.isnan(paper_value) else
                          f"Outside the paper's sweep ({_kb(curve.index[0])}–{_kb(curve.index[-1])}).",
                          note=f"Ours swept {int(ours_sizes[size])} B chunks; the paper's value {how}.",
-                         cause=causes(rows, paper_workers=0),
+                         cause=ratio_causes(ratio, paper_value) if not math.isnan(paper_value) else "",
+                         ceiling=ratio.ceiling(),
                          evidence=runs.evidence("chunk_sweep", system="phub", chunk_bytes=int(ours_sizes[size]))))
     return out
 
@@ -79,37 +87,57 @@ def _kb(size: float) -> str:
 
 
 def breakdown_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
+    """Per model of the paper's breakdown chart: PHub's iteration time over the stock PS's (full
+    runs), and the share of the stock PS's iteration not spent computing, with compute the
+    replayed compute (the run's compute floor): a no-compute run of a CPU-bound stock PS is no
+    measure of what compute cost it."""
     paper = ref["breakdown_mxnet_ps"].data.copy()
     paper["model"] = paper["model"].map(lambda m: PAPER_MODEL.get(m, m))
-    ours = derive.breakdown(runs.rows)
     why = ("The stock PS here is ps-lite over ZeroMQ (TCP), and replayed compute is stretched by s_t. "
            + setup(runs.kept("breakdown")))
     out = []
     for model, rows in paper.groupby("model", sort=False):
         before = rows[rows["phase"] == "before"]
         after_total = rows.loc[rows["phase"] == "after", "seconds"].sum()
-        mine = ours[ours["model"] == model]
-        has_phub = (mine["system"] == "phub").any()
-        stock = [s for s in derive.PSLITE if (mine["system"] == s).any()]
-        phub_rel = mine.loc[mine["system"] == "phub", "relative"].sum() if has_phub and stock else NAN
-        where = dict(model=model, system=["phub"] + stock[:1])
-        out.append(Claim(BREAKDOWN, f"{model}: PHub's iteration time / the stock PS's",
-                         float(after_total / before["seconds"].sum()), phub_rel,
-                         why=why if has_phub and stock else "Needs breakdown runs of phub and pslite for this model.",
-                         note="Paper values chart-read.", cause=causes(runs.kept("breakdown", **where), 0),
-                         evidence=runs.evidence("breakdown", **where)))
+        stock = next((s for s in derive.PSLITE if len(runs.kept("breakdown", model=model, system=s))), None)
+        full = dict(model=model, variant="full")
+        phub = Side("phub", runs.kept("breakdown", system="phub", **full))
+        base = Side(f"stock MXNet ({stock})", runs.kept("breakdown", system=stock, **full)) if stock else None
+        ratio = TimeRatio(phub, base, under_test="top") if base is not None and not phub.rows.empty else None
+        paper_ratio = float(after_total / before["seconds"].sum())
+        where = dict(full, system=["phub"] + ([stock] if stock else []))
+        out.append(Claim(BREAKDOWN, f"{model}: PHub's iteration time / the stock PS's", paper_ratio,
+                         ratio.value if ratio else NAN,
+                         why=why if ratio else "Needs breakdown runs of phub and pslite for this model.",
+                         note="Paper values chart-read.", cause=ratio_causes(ratio, paper_ratio),
+                         evidence=runs.evidence("breakdown", **where),
+                         ceiling=ratio.ceiling(scaling_words(base.rows)) if ratio else None))
+        paper_share = float(1 - before.loc[before["component"] == "compute", "seconds"].sum() / before["seconds"].sum())
         share = NAN
-        if stock:
-            s = mine[mine["system"] == stock[0]]
-            share = float(1 - s.loc[s["component"] == "compute", "seconds"].sum() / s["total"].iloc[0])
-        where = dict(model=model, system=stock[:1], variant=["full", "no_compute"])
+        if base is not None:
+            compute = base.rows["compute_floor_seconds"].median()
+            share = float(1 - compute / base.seconds) if compute > 0 else NAN
         out.append(Claim(BREAKDOWN, f"{model}: share of the stock PS's iteration not spent computing",
-                         float(1 - before.loc[before["component"] == "compute", "seconds"].sum()
-                               / before["seconds"].sum()), share,
+                         paper_share, share,
                          why=why if stock else "Needs breakdown runs of pslite for this model.",
-                         note="Paper values chart-read.", cause=causes(runs.kept("breakdown", **where), 0),
-                         evidence=runs.evidence("breakdown", **where)))
+                         note="Paper values chart-read. Compute is the replayed compute per iteration.",
+                         cause=stock_share_cause(base, share, paper_share) if base is not None else "",
+                         evidence=runs.evidence("breakdown", **dict(full, system=stock))))
     return out
+
+
+def stock_share_cause(base: Side, share: float, paper_share: float) -> str:
+    """The cause of a differing stock share the rows can show: the stock PS far above its floor
+    (a larger share than the paper's) or at it (its time is then the floor's: compute or the wire,
+    with none of the software cost behind the paper's share); CAUSE_UNKNOWN otherwise."""
+    if math.isnan(share) or math.isnan(base.over):
+        return CAUSE_UNKNOWN
+    if share > paper_share and base.over > NEAR_FLOOR:
+        return f"{base.describe()}, which raises the share beyond the paper's"
+    if share < paper_share and base.over <= NEAR_FLOOR:
+        return (f"{base.describe()}: its time is its floor's, so none of the software cost behind the paper's "
+                "share shows here")
+    return CAUSE_UNKNOWN
 
 
 def bandwidth_claims(ref: Dict[str, Table],

@@ -7,8 +7,9 @@ import pandas as pd
 
 from .. import derive
 from ..reference import PAPER_TO_OURS, Table
-from ..verdict import Claim
-from .common import NAN, PAPER_WORKERS, SETTING_WORDS, Runs, causes, order, setup
+from ..verdict import CAUSE_UNKNOWN, Claim
+from .causes import Side, TimeRatio, ratio_causes
+from .common import NAN, PAPER_WORKERS, SETTING_WORDS, Runs, order, scaling_words, setup
 
 SECTION = "End-to-end speedup over stock MXNet (8 workers)"
 
@@ -40,9 +41,15 @@ def speedup_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                 note = (f"Best over the {len(best)} model(s) measured (ours: {best.idxmax()}; paper: "
                         f"{p[best.index].idxmax()}), ours at {', '.join(map(str, workers))} workers, "
                         f"the paper's at {PAPER_WORKERS}.")
+            ratios = {m: speedup_ratio(runs, system, setting, m, workers[-1]) for m in best.index}
+            ceilings = {m: r.ceiling(scaling_words(r.top.rows)) for m, r in ratios.items()}
+            top = max((m for m in ceilings if ceilings[m]), key=lambda m: ceilings[m].value, default=None)
+            mine_best = best.idxmax() if len(best) else None
             out.append(Claim("Headlines", f"{paper_name} up to {p.max():g}x over stock MXNet ({words}, "
                              f"best model: {p.idxmax()})", paper_best, value, unit="x", why=why, note=note,
-                             cause=causes(runs.kept("pbox", **where)), evidence=runs.evidence("pbox", **where)))
+                             cause=ratio_causes(ratios.get(mine_best), paper_best),
+                             evidence=runs.evidence("pbox", **where),
+                             ceiling=ceilings[top] if top else None))
     for setting, words in SETTING_WORDS.items():
         out.append(_ranking_claim(runs, paper[paper["network"] == setting], ours[ours["setting"] == setting],
                                   setting, words, differ))
@@ -61,10 +68,12 @@ def speedup_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
             why = f"Measured at {', '.join(map(str, mine))} workers only; the paper's count is {PAPER_WORKERS}."
         else:
             why = "Not measured in this run."
+        ratio = speedup_ratio(runs, system, row.network, row.model, PAPER_WORKERS)
         out.append(Claim(SECTION, f"{row.system}, {row.model}, {row.network}", float(row.speedup),
                          float(at_paper["speedup"].median()) if len(at_paper) else NAN, unit="x", why=why,
                          note="Paper value chart-read." if row.provenance == "chart-read" else "",
-                         cause=causes(runs.kept("pbox", **where)), evidence=runs.evidence("pbox", **where)))
+                         cause=ratio_causes(ratio, float(row.speedup)), evidence=runs.evidence("pbox", **where),
+                         ceiling=ratio.ceiling(scaling_words(ratio.top.rows))))
     return out
 
 
@@ -82,7 +91,18 @@ def _ranking_claim(runs: Runs, paper: pd.DataFrame, ours: pd.DataFrame, setting:
                  order({**our_medians, derive.BASELINE: 1.0}) if our_medians else [], "order",
                  why=differ if our_medians else "No runs in this setting.",
                  note=f"Ours at {', '.join(map(str, workers))} workers." if workers else "",
-                 cause=causes(runs.kept("pbox", **where)), evidence=runs.evidence("pbox", **where))
+                 cause=CAUSE_UNKNOWN, evidence=runs.evidence("pbox", **where))
+
+
+SYSTEM_WORDS = {derive.BASELINE: "stock MXNet (pslite-shard)", "pslite-central": "stock MXNet (pslite-central)"}
+
+
+def speedup_ratio(runs: Runs, system: str, setting: str, model: str, workers: int) -> TimeRatio:
+    """The speedup of `system` over stock MXNet at one point as a ratio of times: the baseline's
+    over the system's (the system under test, whose floor bounds it)."""
+    where = dict(setting=setting, model=model, workers=workers)
+    return TimeRatio(Side(SYSTEM_WORDS[derive.BASELINE], runs.kept("pbox", system=derive.BASELINE, **where)),
+                     Side(SYSTEM_WORDS.get(system, system), runs.kept("pbox", system=system, **where)))
 
 
 def experiment_counts(pbox: pd.DataFrame) -> Dict[tuple, List[int]]:

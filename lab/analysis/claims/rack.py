@@ -7,9 +7,10 @@ from typing import Dict, List, Optional
 import pandas as pd
 
 from .. import derive
-from ..reference import PAPER_TO_OURS, Table
-from ..verdict import Claim
-from .common import NAN, PAPER_WORKERS, Runs, causes, med, one_machine, order, setup
+from ..reference import OURS_TO_PAPER, PAPER_TO_OURS, Table
+from ..verdict import CAUSE_UNKNOWN, Claim
+from .causes import Side, TimeRatio, ratio_causes
+from .common import NAN, PAPER_WORKERS, Runs, med, one_machine, order, scaling_words, setup
 
 SCALING = "Scaling in a rack (compute removed)"
 RACKS = "Beyond one rack (two-phase reduction)"
@@ -35,35 +36,63 @@ def scaling_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
             return NAN
         return float(mine[a] / (mine[b] if b else mine.drop(a).min()))
 
-    def claim(text, paper_value, value, kind="ratio", missing="", note="Paper values chart-read.", paper_n=n,
-              **where):
+    def side(system: str, workers: int = top) -> Side:
+        return Side(system, runs.kept("scaling", system=system, workers=workers))
+
+    def claim(text, paper_value, value, kind="ratio", missing="", note="Paper values chart-read.",
+              ratio: Optional[TimeRatio] = None, cause: str = "", **where):
         where = {"workers": top, **where}
+        if ratio is not None and not cause:
+            cause = ratio_causes(ratio, paper_value)
+        ceiling = ratio.ceiling(scaling_words(rows)) if ratio is not None else None
         return Claim(SCALING, text, paper_value, value, kind, why=why if not missing else missing, note=note,
-                     cause=causes(runs.kept("scaling", **where), paper_n),
+                     cause=cause or CAUSE_UNKNOWN, ceiling=ceiling,
                      evidence=runs.evidence("scaling", **where))
 
-    weakest = f"Weakest of ours: {mine.drop('phub').idxmin()}." if "phub" in mine and len(mine) > 1 else ""
+    weakest_name = mine.drop("phub").idxmin() if "phub" in mine and len(mine) > 1 else None
+    weakest = f"Weakest of ours: {weakest_name}." if weakest_name else ""
     out = [claim("Up to 27x better than the weakest baseline with 8 workers", 27.0, ratio("phub", None),
-                 missing="" if "phub" in mine else "No phub scaling runs.", paper_n=PAPER_WORKERS,
+                 missing="" if "phub" in mine else "No phub scaling runs.",
                  note=(f"Ours at {top} workers. " if top != 8 else "") + weakest + " The chart-read values give "
-                      f"at most {at8['PHub'] / at8.min():.1f}x, so the printed 27x may compare another setting.")]
+                      f"at most {at8['PHub'] / at8.min():.1f}x, so the printed 27x may compare another setting.",
+                 ratio=TimeRatio(side(weakest_name), side("phub")) if weakest_name else None,
+                 system=["phub", weakest_name] if weakest_name else "phub")]
     for other in ("PShard", "Gloo-Ring-Chunked", "PSLite-ZMQ-Shard"):
         ours_name = PAPER_TO_OURS[other]
         value = ratio("phub", ours_name)
         out.append(claim(f"PHub / {other} exchanges/s at {n} workers (ours: phub / {ours_name})",
                          float(at_n["PHub"] / at_n[other]) if other in at_n else NAN, value,
                          missing="" if not math.isnan(value) else f"No phub and {ours_name} scaling runs.",
-                         system=["phub", ours_name]))
+                         ratio=TimeRatio(side(ours_name), side("phub")), system=["phub", ours_name]))
     phub = ours[ours["system"] == "phub"].groupby("workers")["exchanges_per_s"].median()
     p = paper[paper["system"] == "PHub"].set_index("workers")["exchanges_per_s"]
     grows = float(phub.iloc[-1] / phub.iloc[0]) if len(phub) > 1 and phub.index[0] == 1 else NAN
     out.append(claim(f"PHub's exchanges/s grow almost linearly: {n} workers / 1 worker", float(p[n] / p[1]), grows,
                      missing="" if not math.isnan(grows) else "Needs phub runs with 1 and more workers.",
+                     ratio=TimeRatio(Side("phub at 1 worker", side("phub", 1).rows),
+                                     Side(f"phub at {top} workers", side("phub").rows), factor=top),
                      system="phub", workers=[1, top]))
     paper_order = order({PAPER_TO_OURS[s]: v for s, v in at_n.items() if PAPER_TO_OURS.get(s)})
-    out.append(claim(f"Ranking at {n} workers", paper_order, order(mine.to_dict()), "order",
-                     missing="" if len(mine) > 1 else "Needs scaling runs of two systems or more.", note=""))
+    ours_order = order(mine.to_dict())
+    swapped = first_swap(paper_order, ours_order)
+    swap_ratio = TimeRatio(side(swapped[1]), side(swapped[0])) if swapped else None
+    out.append(claim(f"Ranking at {n} workers", paper_order, ours_order, "order",
+                     missing="" if len(mine) > 1 else "Needs scaling runs of two systems or more.", note="",
+                     cause=(f"{swapped[1]} passed {swapped[0]}: " + ratio_causes(
+                         swap_ratio, float(at_n[OURS_TO_PAPER[swapped[0]]] / at_n[OURS_TO_PAPER[swapped[1]]])))
+                     if swapped else ""))
     return out
+
+
+def first_swap(paper_order: List[str], ours_order: List[str]) -> Optional[tuple]:
+    """The first pair of systems (a, b), both in both orders, that the paper ranks a before b and
+    ours b before a; None when the common systems keep the paper's order."""
+    common = [s for s in paper_order if s in ours_order]
+    ours = [s for s in ours_order if s in common]
+    for a, b in zip(common, ours):
+        if a != b:
+            return a, b
+    return None
 
 
 def _added_rack_cost(rows, model: str, racks: int) -> str:
@@ -106,7 +135,7 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
         measured_cause = _added_rack_cost(rows, r.model, r.racks) if here.any() else ""
         out.append(Claim(RACKS, f"Overhead of {r.racks} racks vs one, {r.model}", float(r.overhead_pct),
                          med(ours, "overhead_pct", model=r.model, racks=r.racks), "percent", unit="%", why=reason,
-                         cause=measured_cause or causes(runs.kept("cross_rack", **where), paper_workers=0),
+                         cause=measured_cause or CAUSE_UNKNOWN,
                          evidence=runs.evidence("cross_rack", **where)))
     return out
 
@@ -135,7 +164,7 @@ def oversubscription_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          why=setup(rows) if not math.isnan(value) else
                          f"Needs phub and pshard oversubscription runs at 1:1 and {k:g}:1.",
                          note=ours_words + design,
-                         cause=causes(rows, paper_workers=0),
+                         cause=CAUSE_UNKNOWN,
                          evidence=runs.evidence("oversubscription", **where)))
     return out
 
