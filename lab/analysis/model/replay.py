@@ -1,0 +1,460 @@
+"""A discrete-event replay of one training iteration (SimPy), pure: no I/O.
+
+What is modelled, and the one term each part stands for:
+
+* **Compute**: the worker's emulated GPU, as `experiments.replay` runs it: forward layer by layer
+  (each layer first waits for its new weights), then backward in reverse layer order, each
+  layer's gradient handed to the system as soon as that layer's backward is done. Compute runs on
+  a deadline clock, so CPU work on the worker's main thread overlaps it (as in the real replay).
+* **Links**: every node's link, one `Link` per direction at its rate (payload bytes per second:
+  the emulated rack's measured goodput), shared by the connections that cross it in round robin
+  (the rack's fair queueing), each connection first in, first out (a TCP byte stream). A message
+  goes through the links of its path piece by piece (pieces of about `piece_seconds` at the
+  link's rate), so consecutive hops pipeline. A node's link to itself (a shard on its own worker)
+  is no link at all.
+* **CPU**: each role's work costs `per_message` x messages + `per_byte` x payload bytes (the
+  fitted `Costs`, divided by `cpu_speed`) on one of its process's threads (`actor`, a SimPy
+  Resource: a server's cores, a worker's I/O thread, its framework thread) *and* one core of its
+  node (a Resource per node, or one pool shared by every node when modelling this machine).
+* **Systems**: which messages exist, where they go, and when a server may answer
+  (`experiments.systems`): phub (one PBox: K interfaces bundled into one link of K times the
+  rate, C cores; every chunk's copies meet on the server, then go back), pshard (phub's
+  software, one shard on every worker node, chunks spread over shards by phub's plan),
+  pslite-central / pslite-shard (MXNet's dist_sync: per key and server a push, an acknowledgement
+  once every worker's push is aggregated and updated, then a pull request and the weights; arrays
+  of at least the big-array bound split evenly over the servers, the others whole to server
+  key * 9973 mod S), gloo-ring (after backward, a ring allreduce of the whole gradient, then NAG on
+  every worker).
+
+To keep events few, consecutive layers are released together in at most `groups` groups (by
+bytes and by backward time), and one group's messages to one server travel as one unit that
+counts all their messages. The iteration timed is the second one, from the end of the first
+backward to the end of the second, as `experiments.replay` times its iterations.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import simpy
+
+from experiments.softcost import gloo_segments
+from phub.chunking import ChunkPlan, Topology
+
+PHUB_HEADER_BYTES = 32  # phub.wire's frame header, on every chunk
+PSLITE_HEADER_BYTES = 96  # ps-lite's message meta + ZeroMQ frames (keys, lengths), about; an assumption
+GLOO_HEADER_BYTES = 0
+SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """CPU seconds (on this machine) of one role: per message sent or received, per payload byte."""
+    per_message: float = 0.0
+    per_byte: float = 0.0
+
+    def seconds(self, messages: float, nbytes: float) -> float:
+        return self.per_message * messages + self.per_byte * nbytes
+
+
+@dataclass(frozen=True)
+class RoleCosts:
+    """A system's fitted costs by role (`analysis.model.fit`)."""
+    server: Costs = Costs()
+    worker_io: Costs = Costs()
+    worker_framework: Costs = Costs()
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The hardware: link rate (bytes/s per direction, None = no limit), cores, CPU speed.
+
+    `shared_cores`: every node shares this many cores (this machine, where the emulated rack's
+    nodes are namespaces of one VM); None: each node has its own (`worker_node_cores`,
+    `server_node_cores`). `cpu_speed`: that machine's CPU over this one's (costs are divided by it).
+    """
+    link_bytes_per_s: Optional[float]
+    shared_cores: Optional[int] = None
+    server_link_bytes_per_s: Optional[float] = None  # a server interface's rate; None: the same; inf: no limit
+    worker_node_cores: int = 1
+    server_node_cores: int = 1
+    cpu_speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job: the system, the model's layers (forward order), the counts and knobs.
+
+    `layers`: per layer (array elements, forward seconds, backward seconds).
+    `server_cores`: phub's cores per PBox or per shard (each a server thread).
+    """
+    system: str
+    layers: Tuple[Tuple[Tuple[int, ...], float, float], ...]
+    workers: int
+    interfaces: int = 1
+    server_cores: int = 1
+    chunk_bytes: int = 32768
+    bigarray_bound: int = 1000 * 1000
+    groups: int = 24
+    piece_seconds: float = 1e-3
+
+    def __post_init__(self):
+        if self.system not in SYSTEMS:
+            raise ValueError(f"system {self.system!r}: the model knows {', '.join(SYSTEMS)}")
+        if self.workers < 1 or not self.layers:
+            raise ValueError(f"a job needs at least one worker and one layer (workers={self.workers})")
+
+
+@dataclass
+class Unit:
+    """One layer group's messages from one worker to one server (and back): counts per worker."""
+    group: int
+    server: int
+    messages: int  # data messages each way (chunks, or key parts)
+    nbytes: int  # payload bytes each way
+    part: int = 0  # a big group's chunks travel in several units, each answered on its own
+
+
+class Link:
+    """One direction of a link: pieces served at `rate` bytes/s, round robin over flows."""
+
+    def __init__(self, env: simpy.Environment, rate: float):
+        self.env, self.rate = env, rate
+        self.queues: Dict[object, deque] = {}
+        self.active: deque = deque()
+        self.wake: Optional[simpy.Event] = None
+        self.busy = 0.0
+        env.process(self._serve())
+
+    def enqueue(self, flow, nbytes: float) -> simpy.Event:
+        done = self.env.event()
+        if flow not in self.queues:
+            self.queues[flow] = deque()
+            self.active.append(flow)
+        self.queues[flow].append((nbytes, done))
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+        return done
+
+    def _serve(self):
+        while True:
+            if not self.active:
+                self.wake = self.env.event()
+                yield self.wake
+                continue
+            flow = self.active.popleft()
+            queue = self.queues[flow]
+            nbytes, done = queue.popleft()
+            if queue:
+                self.active.append(flow)
+            else:
+                del self.queues[flow]
+            yield self.env.timeout(nbytes / self.rate)
+            self.busy += nbytes / self.rate
+            done.succeed()
+
+
+class Node:
+    """A machine of the job: its link (up = leaving it, down = arriving), its cores."""
+
+    def __init__(self, env, rate: Optional[float], cores: simpy.Resource, name: str):
+        self.name = name
+        self.up = Link(env, rate) if rate else None
+        self.down = Link(env, rate) if rate else None
+        self.cores = cores
+
+
+class Iteration:
+    """The replay itself: build with a job, machine and costs, then `run()` -> seconds."""
+
+    def __init__(self, job: Job, machine: Machine, costs: RoleCosts):
+        self.job, self.machine, self.costs = job, machine, costs
+        self.env = env = simpy.Environment()
+        self.groups = _group_layers(job)
+        n, system = job.workers, job.system
+        shared = simpy.Resource(env, machine.shared_cores) if machine.shared_cores else None
+
+        def cores(count):
+            return shared or simpy.Resource(env, count)
+
+        rate = machine.link_bytes_per_s
+        server_rate = rate if machine.server_link_bytes_per_s is None else machine.server_link_bytes_per_s
+        server_rate = None if server_rate == math.inf else server_rate
+        self.workers = [Node(env, rate, cores(machine.worker_node_cores), f"w{w}") for w in range(n)]
+        if system in ("pshard", "pslite-shard"):
+            self.servers = self.workers  # a shard on every worker node
+        elif system == "phub":  # the PBox: K interfaces as one link of K times the rate
+            self.servers = [Node(env, server_rate and server_rate * job.interfaces,
+                                 cores(machine.server_node_cores), "pbox")]
+        elif system == "pslite-central":  # one server on the PBox node's first interface
+            self.servers = [Node(env, server_rate, cores(machine.server_node_cores), "server")]
+        else:
+            self.servers = []
+        per_server = job.server_cores if system in ("phub", "pshard") else 1
+        self.server_threads = [simpy.Resource(env, per_server) for _ in self.servers]
+        self.io_threads = [simpy.Resource(env, 1) for _ in range(n)]
+        self.main_threads = [simpy.Resource(env, 1) for _ in range(n)]
+        self.units = _units(job, len(self.servers), self.groups)
+        # Messages per key part and worker, sent plus received, as the software-cost rows count
+        # them (each role of a worker, and the server per worker): phub a push and its result;
+        # ps-lite a push, its acknowledgement, a pull request and its answer.
+        self.messages_per_part = 4 if system.startswith("pslite") else 2
+
+    # -- the pieces -----------------------------------------------------------------------------
+    def cpu(self, thread: simpy.Resource, node: Node, seconds: float):
+        """A process: `seconds` of CPU on `thread` and one core of `node` (FIFO for both)."""
+        if seconds <= 0:
+            return
+        with thread.request() as held:
+            yield held
+            with node.cores.request() as core:
+                yield core
+                yield self.env.timeout(seconds / self.machine.cpu_speed)
+
+    def send(self, src: Node, dst: Node, nbytes: float) -> simpy.Event:
+        """An event that fires once `nbytes` have crossed src's uplink and dst's downlink."""
+        env = self.env
+        done = env.event()
+        path = [] if src is dst else [link for link in (src.up, dst.down) if link is not None]
+        if not path:
+            done.succeed()
+            return done
+        piece = max(1.0, min(link.rate for link in path) * self.job.piece_seconds)
+        count = min(64, max(1, math.ceil(nbytes / piece)))
+        remaining = [count]
+        flow = (src.name, dst.name)
+
+        def hop(size, index):
+            path[index].enqueue(flow, size).callbacks.append(lambda _: arrived(size, index))
+
+        def arrived(size, index):
+            if index + 1 < len(path):
+                hop(size, index + 1)
+                return
+            remaining[0] -= 1
+            if not remaining[0]:
+                done.succeed()
+
+        for _ in range(count):
+            hop(nbytes / count, 0)
+        return done
+
+    # -- the worker's replay --------------------------------------------------------------------
+    def run(self) -> float:
+        """Seconds of the second iteration (end of backward 1 to end of backward 2)."""
+        ready = [[[self.env.event() for _ in self.groups] for _ in self.workers] for _ in range(2)]
+        self.ready = ready
+        mains = [self.env.process(self._worker(w)) for w in range(self.job.workers)]
+        self.env.run(until=simpy.AllOf(self.env, mains))
+        return max(m.value for m in mains)
+
+    def _worker(self, w: int):
+        env, job = self.env, self.job
+        deadline = env.now
+        marks = []
+        for iteration in range(2):
+            for g, group in enumerate(self.groups):  # forward, in layer order
+                if iteration:
+                    yield self.ready[iteration - 1][w][g]
+                deadline = max(deadline, env.now)
+                deadline += group.forward
+                yield env.timeout(max(0.0, deadline - env.now))
+            for g in reversed(range(len(self.groups))):  # backward, in reverse order
+                deadline += self.groups[g].backward
+                yield env.timeout(max(0.0, deadline - env.now))
+                if job.system != "gloo-ring":
+                    yield from self._release(iteration, w, g)
+            if job.system == "gloo-ring":
+                yield from self._allreduce(iteration, w)
+            marks.append(env.now)
+        return marks[1] - marks[0]
+
+    def _release(self, iteration: int, w: int, g: int):
+        """The framework hands group g's gradient to the system (on the main thread)."""
+        units = [u for u in self.units if u.group == g]
+        framework, per = self.costs.worker_framework, self.messages_per_part // 2
+        yield from self.cpu(self.main_threads[w], self.workers[w],
+                            sum(framework.seconds(per * unit.messages, unit.nbytes) for unit in units))
+        pending = [self.env.process(self._exchange(iteration, w, unit)) for unit in units]
+        self.env.process(self._complete(self.ready[iteration][w][g], pending))
+
+    def _complete(self, event: simpy.Event, pending):
+        yield simpy.AllOf(self.env, pending)
+        event.succeed()
+
+    # -- the systems ----------------------------------------------------------------------------
+    def _exchange(self, iteration: int, w: int, unit: Unit):
+        """One worker's unit: push, the server's aggregation and update, the weights back."""
+        c, worker, server = self.costs, self.workers[w], self.servers[unit.server]
+        io, threads = self.io_threads[w], self.server_threads[unit.server]
+        pslite = self.job.system.startswith("pslite")
+        header = PSLITE_HEADER_BYTES if pslite else PHUB_HEADER_BYTES
+        m, b = unit.messages, unit.nbytes
+        yield from self.cpu(io, worker, c.worker_io.seconds(m, b))
+        yield self.send(worker, server, b + m * header)
+        yield from self.cpu(threads, server, c.server.seconds(m, b))
+        yield self._arrival(iteration, unit)  # every worker's copy in: aggregated and updated
+        if pslite:  # the acknowledgement, then the pull request behind this worker's later pushes
+            yield self.send(server, worker, m * header)
+            yield from self.cpu(io, worker, c.worker_io.seconds(2 * m, 0))
+            yield self.send(worker, server, m * header)
+        # (the server's CPU for ps-lite's acknowledgement and pull request is charged with the
+        # answer, one task instead of three: the same seconds on the same thread)
+        yield from self.cpu(threads, server, c.server.seconds(3 * m if pslite else m, b))
+        yield self.send(server, worker, b + m * header)
+        yield from self.cpu(io, worker, c.worker_io.seconds(m, b))
+        framework = c.worker_framework.seconds(self.messages_per_part // 2 * m, b)
+        yield from self.cpu(self.main_threads[w], worker, framework)
+
+    def _arrival(self, iteration: int, unit: Unit) -> simpy.Event:
+        """Counts the workers' copies of one unit; its event fires with the last one."""
+        key = (iteration, unit.group, unit.server, unit.part)
+        counts = self.__dict__.setdefault("_counts", {})
+        events = self.__dict__.setdefault("_events", {})
+        if key not in events:
+            events[key] = self.env.event()
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] == self.job.workers:
+            events[key].succeed()
+        return events[key]
+
+    def _allreduce(self, iteration: int, w: int):
+        """gloo's ring: N-1 reduce-scatter and N-1 allgather steps of 1/N of the gradient each,
+        every step waiting for the previous step's segment from the left neighbour."""
+        n, c = self.job.workers, self.costs
+        total = sum(group.nbytes for group in self.groups)
+        box = self.__dict__.setdefault("_ring", {})
+        sends = gloo_segments(total, n)  # what one rank sends: gloo's segments of at most 1 MiB
+        steps = 2 * (n - 1)
+        segment, per_step = (sum(sends) / steps, len(sends) / steps) if n > 1 else (0.0, 0.0)
+        for step in range(steps):
+            if step:
+                yield box.setdefault((iteration, w, step - 1), self.env.event())
+            yield from self.cpu(self.io_threads[w], self.workers[w], c.worker_io.seconds(per_step, segment))
+            right = (w + 1) % n
+            self.env.process(self._ring_hop(iteration, w, right, step, segment, per_step))
+        if n > 1:
+            yield box.setdefault((iteration, w, steps - 1), self.env.event())
+        # NAG on the whole gradient; the framework's copies of what was sent and received
+        framework = c.worker_framework.seconds(2 * len(sends), 2 * sum(sends))
+        yield from self.cpu(self.main_threads[w], self.workers[w], framework)
+        for event in self.ready[iteration][w]:
+            event.succeed()
+
+    def _ring_hop(self, iteration, w, right, step, segment, messages):
+        yield self.send(self.workers[w], self.workers[right], segment)
+        yield from self.cpu(self.io_threads[right], self.workers[right],
+                            self.costs.worker_io.seconds(messages, segment))
+        box = self.__dict__["_ring"]
+        box.setdefault((iteration, right, step), self.env.event()).succeed()
+
+
+@dataclass
+class _Group:
+    keys: List[int] = field(default_factory=list)
+    forward: float = 0.0
+    backward: float = 0.0
+    nbytes: int = 0
+
+
+def _group_layers(job: Job) -> List[_Group]:
+    """Consecutive layers merged while a group holds under 1/groups of the bytes and of the
+    backward time (forward order; key indices follow the layers' arrays)."""
+    total_bytes = sum(4 * e for elements, _, _ in job.layers for e in elements) or 1
+    total_back = sum(b for _, _, b in job.layers) or 1.0
+    groups, key = [_Group()], 0
+    for elements, forward, backward in job.layers:
+        current = groups[-1]
+        nbytes = 4 * sum(elements)
+        if current.keys and (current.nbytes + nbytes > total_bytes / job.groups
+                             or current.backward + backward > total_back / job.groups):
+            current = _Group()
+            groups.append(current)
+        current.keys.extend(range(key, key + len(elements)))
+        key += len(elements)
+        current.forward += forward
+        current.backward += backward
+        current.nbytes += nbytes
+    return groups
+
+
+def key_parts(job: Job, servers: int) -> List[List[Tuple[int, int, int]]]:
+    """Per key: its (server, messages, payload bytes) parts as the system places them."""
+    sizes = [e for elements, _, _ in job.layers for e in elements]
+    if job.system in ("phub", "pshard"):
+        topology = Topology(interfaces=job.interfaces if job.system == "phub" else 1, cores=job.server_cores,
+                            servers=servers)
+        plan = ChunkPlan(topology, job.chunk_bytes)
+        plan.add_arrays([(k, size) for k, size in enumerate(sizes)])
+        parts = []
+        for k in range(len(sizes)):
+            by_server: Dict[int, List[int]] = {}
+            for chunk in plan.key_chunks(k):
+                entry = by_server.setdefault(topology.lane_server(chunk.lane), [0, 0])
+                entry[0] += 1
+                entry[1] += chunk.nbytes
+            parts.append([(s, m, b) for s, (m, b) in sorted(by_server.items())])
+        return parts
+    parts = []
+    for k, size in enumerate(sizes):  # MXNet's kvstore_dist: EncodeDefaultKey
+        if size < job.bigarray_bound or servers == 1:
+            parts.append([((k * 9973) % servers, 1, 4 * size)])
+        else:
+            edges = [round(size / servers * i) for i in range(servers + 1)]
+            parts.append([(s, 1, 4 * (edges[s + 1] - edges[s])) for s in range(servers)])
+    return parts
+
+
+def _units(job: Job, servers: int, groups: Sequence[_Group]) -> List[Unit]:
+    if job.system == "gloo-ring":
+        return []
+    parts = key_parts(job, servers)
+    # phub answers chunk by chunk: a group's chunks to one server go in units of at most
+    # 1/groups of the model, so that a big layer's weights start back before all of it is in.
+    # ps-lite answers a key part only once all of it is in: its units are whole key parts.
+    chunked = job.system in ("phub", "pshard")
+    cap = max(job.chunk_bytes, sum(g.nbytes for g in groups) / job.groups) if chunked else math.inf
+    units = []
+    for g, group in enumerate(groups):
+        merged: Dict[int, List[List[int]]] = {}
+        for k in group.keys:
+            for s, m, b in parts[k]:
+                pieces = merged.setdefault(s, [[0, 0]])
+                if chunked and pieces[-1][1] + b > cap and pieces[-1][1]:
+                    pieces.append([0, 0])
+                if chunked and b > cap:  # one big array: split its chunks evenly into units
+                    count = math.ceil(b / cap)
+                    for i in range(count):
+                        share = [m * (i + 1) // count - m * i // count, b * (i + 1) // count - b * i // count]
+                        if pieces[-1][1]:
+                            pieces.append([0, 0])
+                        pieces[-1] = share
+                    continue
+                pieces[-1][0] += m
+                pieces[-1][1] += b
+        for s, pieces in sorted(merged.items()):
+            units.extend(Unit(g, s, m, b, i) for i, (m, b) in enumerate(pieces) if m)
+    return units
+
+
+def simulate(job: Job, machine: Machine, costs: RoleCosts = RoleCosts()) -> float:
+    """Predicted seconds per iteration of `job` on `machine` with `costs`."""
+    return Iteration(job, machine, costs).run()
+
+
+def exchange_counts(job: Job) -> Dict[str, Tuple[float, float]]:
+    """Per role, (payload bytes, messages) sent plus received per exchange, summed over the
+    role's processes, as the replay charges them: what the software-cost rows should record."""
+    n = job.workers
+    if job.system == "gloo-ring":
+        sends = gloo_segments(sum(4 * e for elements, _, _ in job.layers for e in elements), n)
+        moved = (n * 2 * sum(sends), n * 2 * len(sends))
+        return {"worker_io": moved, "worker_framework": moved, "server": (0.0, 0)}
+    servers = {"phub": 1, "pslite-central": 1}.get(job.system, n)
+    parts = [p for key in key_parts(job, servers) for p in key]
+    per_part = 4 if job.system.startswith("pslite") else 2
+    nbytes = n * 2 * sum(b for _, _, b in parts)
+    messages = n * per_part * sum(m for _, m, _ in parts)
+    return {role: (nbytes, messages) for role in ("server", "worker_io", "worker_framework")}

@@ -1,0 +1,154 @@
+"""The model against what this machine measured, in both regimes, and at the paper's scale.
+
+* `predict_emulated`: every single-rack emulated point (median of its repeats), this machine
+  modelled (links at their measured rate, every node sharing 2 cores), the fitted costs.
+* `predict_softcost`: every software-cost point (loopback, compute removed, full size), the
+  same machine with no link limit.
+* `paper_predictions`: the paper's 18 end-to-end speedups (PHub and PShard over stock MXNet at
+  10 and 56 Gbps) and its 4 breakdown models, derived with the paper's hardware at a range of
+  CPU speed ratios; never measured.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import pandas as pd
+
+from .calibrate import role_points
+from .replay import RoleCosts, simulate
+from .scenarios import (PAPER, job_from_row, job_from_softcost, loopback_machine, machine_from_row,
+                        median_points, paper_job, paper_machine)
+
+CPU_SPEED_RATIOS = (0.5, 1.0, 2.0)  # the paper's CPU over this machine's: assumed 1, spread 0.5x-2x
+BREAKDOWN_NETWORK = "ib56g"  # the breakdown chart is "given enough bandwidth": the 56 Gbps setting
+PAPER_SYSTEMS = {"PHub": "phub", "PShard": "pshard"}
+STOCK = "pslite-shard"  # the paper's stock MXNet (ps-lite over ZeroMQ, one server per worker)
+
+
+def _costs(fitted: Dict[str, RoleCosts], system: str) -> RoleCosts:
+    return fitted.get(system, RoleCosts())
+
+
+def predict_emulated(runs: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFrame:
+    """One row per emulated point: measured and predicted seconds, signed relative error."""
+    points = median_points(runs)
+    predicted = [simulate(job_from_row(row), machine_from_row(row), _costs(fitted, row["system"]))
+                 for _, row in points.iterrows()]
+    points["predicted"] = predicted
+    points["error"] = points["predicted"] / points["seconds"] - 1
+    points["regime"] = "emulated"
+    return points
+
+
+def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFrame:
+    """One row per software-cost point (system, model, message setting): measured and predicted."""
+    if softcost.empty:
+        return pd.DataFrame(columns=["regime", "system", "model", "message_setting", "seconds", "predicted", "error"])
+    keyed = softcost[softcost["role"] != "breakdown"]
+    points = keyed.groupby(["system", "model", "message_setting"]).agg(
+        seconds=("seconds_per_iteration", "median"), **{c: (c, "first") for c in keyed.columns
+                                                         if c in ("workers", "cores", "interfaces", "chunk_bytes",
+                                                                  "bigarray_bound")}).reset_index()
+    points["predicted"] = [simulate(job_from_softcost(row), loopback_machine(), _costs(fitted, row["system"]))
+                           for _, row in points.iterrows()]
+    points["error"] = points["predicted"] / points["seconds"] - 1
+    points["regime"] = "software_cost"
+    return points
+
+
+def error_summary(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Per regime and system (and all systems): points, median |error|, worst |error|."""
+    rows = []
+    for frame in frames:
+        if frame.empty:
+            continue
+        for (regime, system), group in list(frame.groupby(["regime", "system"])) + \
+                [((frame["regime"].iloc[0], "all"), frame)]:
+            error = group["error"].abs()
+            rows.append({"regime": regime, "system": system, "points": len(group),
+                         "median_abs_error": float(error.median()), "worst_abs_error": float(error.max())})
+    return pd.DataFrame(rows)
+
+
+def _measured_speedups(runs: pd.DataFrame) -> Dict[tuple, float]:
+    """(model, network, system) -> stock's median seconds over the system's, from the pbox rows."""
+    pbox = runs[(runs["experiment"] == "pbox") & (runs["variant"].isin(["full", ""]))]
+    median = pbox.groupby(["model", "setting", "system"])["seconds_per_iteration"].median()
+    out = {}
+    for (model, network, system), seconds in median.items():
+        stock = median.get((model, network, STOCK))
+        if stock is not None and system != STOCK:
+            out[(model, network, system)] = stock / seconds
+    return out
+
+
+def paper_predictions(fitted: Dict[str, RoleCosts], reference: Dict[str, pd.DataFrame],
+                      runs: pd.DataFrame = None, ratios: Sequence[float] = CPU_SPEED_RATIOS) -> pd.DataFrame:
+    """The paper's speedups and breakdown ratios beside the model's (at each CPU ratio) and, for
+    the speedups, beside this run's measured emulated one. `reference`: table name -> frame with
+    speedup_end_to_end and breakdown_mxnet_ps (analysis.reference.load()'s tables' data)."""
+    speedups = reference["speedup_end_to_end"]
+    speedups = speedups[speedups["system"].isin(list(PAPER_SYSTEMS))]
+    breakdown = reference["breakdown_mxnet_ps"]
+    needed = {(m, n) for m, n in zip(speedups["model"], speedups["network"])}
+    needed |= {(m, BREAKDOWN_NETWORK) for m in breakdown["model"].unique()}
+    seconds = {}
+    for model, network in sorted(needed):
+        for ratio in ratios:
+            machine = paper_machine(network, ratio)
+            for system in ("phub", "pshard", STOCK):
+                seconds[(model, network, system, ratio)] = simulate(paper_job(system, model), machine,
+                                                                    _costs(fitted, system))
+    measured = _measured_speedups(runs) if runs is not None and not runs.empty else {}
+    rows = []
+    for _, row in speedups.iterrows():
+        ours = PAPER_SYSTEMS[row["system"]]
+        values = {r: seconds[(row["model"], row["network"], STOCK, r)] / seconds[(row["model"], row["network"], ours, r)]
+                  for r in ratios}
+        rows.append({"quantity": "speedup over stock MXNet", "model": row["model"], "network": row["network"],
+                     "system": row["system"], "paper": float(row["speedup"]), **_spread(values),
+                     "measured_emulated": measured.get((row["model"], row["network"], ours))})
+    for model, parts in breakdown.groupby("model", sort=False):
+        before = parts[parts["phase"] == "before"]
+        after = parts[parts["phase"] == "after"]
+        compute = float(before.loc[before["component"] == "compute", "seconds"].sum())
+        stock_total, phub_total = float(before["seconds"].sum()), float(after["seconds"].sum())
+        compute_model = sum(f + b for _, f, b in paper_job(STOCK, model).layers)
+        stock = {r: seconds[(model, BREAKDOWN_NETWORK, STOCK, r)] for r in ratios}
+        phub = {r: seconds[(model, BREAKDOWN_NETWORK, "phub", r)] for r in ratios}
+        rows.append({"quantity": "stock non-compute / compute", "model": model, "network": BREAKDOWN_NETWORK,
+                     "system": "stock MXNet", "paper": (stock_total - compute) / compute,
+                     **_spread({r: (stock[r] - compute_model) / compute_model for r in ratios})})
+        rows.append({"quantity": "PHub time / stock time", "model": model, "network": BREAKDOWN_NETWORK,
+                     "system": "PHub", "paper": phub_total / stock_total,
+                     **_spread({r: phub[r] / stock[r] for r in ratios})})
+    return pd.DataFrame(rows)
+
+
+def _spread(values: Dict[float, float]) -> dict:
+    """The value at ratio 1 (or the middle ratio) and the range over all ratios."""
+    ratios = sorted(values)
+    middle = 1.0 if 1.0 in values else ratios[len(ratios) // 2]
+    return {"predicted": values[middle], "low": min(values.values()), "high": max(values.values()),
+            "ratios": ",".join(f"{r:g}" for r in ratios)}
+
+
+def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
+    """The rows' bytes and messages per exchange beside what the replay charges for the same
+    job: the fitted costs mean what the replay does with them only where the two agree."""
+    from .replay import exchange_counts
+
+    rows = []
+    points = role_points(softcost)
+    for _, point in points.iterrows():
+        source = softcost[(softcost["system"] == point["system"]) & (softcost["model"] == point["model"])
+                          & (softcost["message_setting"] == point["message_setting"])].iloc[0]
+        model_bytes, model_messages = exchange_counts(job_from_softcost(source))[point["role"]]
+        rows.append({"system": point["system"], "model": point["model"], "setting": point["message_setting"],
+                     "role": point["role"], "bytes_ratio": point["nbytes"] / model_bytes if model_bytes else None,
+                     "messages_ratio": point["messages"] / model_messages if model_messages else None})
+    return pd.DataFrame(rows)
+
+
+__all__ = ["predict_emulated", "predict_softcost", "error_summary", "paper_predictions", "counts_check",
+           "CPU_SPEED_RATIOS", "PAPER"]

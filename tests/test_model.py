@@ -1,0 +1,170 @@
+"""The calibrated model (analysis.model): the replay's closed-form cases, the cost fit on made-up
+rows, its message counts against the software-cost experiment's, and the report section."""
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.model import calibrate as fitting
+from analysis.model.replay import (PHUB_HEADER_BYTES, Costs, Iteration, Job, Machine, RoleCosts,
+                                   exchange_counts, simulate)
+from analysis.model.scenarios import job_from_softcost
+from analysis.model.section import render
+from analysis.model.validate import error_summary
+from experiments import softcost
+from experiments.models import load_model
+
+RATE = 1e6  # bytes per second
+ONE_PIECE = 1e9  # piece_seconds so large that every message crosses a link in one piece
+
+
+def _job(system="phub", elements=(1000,), forward=0.01, backward=0.02, **knobs):
+    knobs.setdefault("piece_seconds", ONE_PIECE)
+    return Job(system=system, layers=((tuple(elements), forward, backward),), **knobs)
+
+
+def test_one_layer_one_link_takes_compute_plus_bytes_over_rate():
+    # One worker, one chunk, a server with no link limit: up the worker's link and back down.
+    job = _job(workers=1, chunk_bytes=32768)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=math.inf)
+    wire = 4000 + PHUB_HEADER_BYTES
+    assert simulate(job, machine) == pytest.approx(0.03 + 2 * wire / RATE, rel=1e-12)
+
+
+def test_two_links_in_series_add_up_for_one_message():
+    job = _job(workers=1, interfaces=2)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=4 * RATE)  # the PBox: 2 x 4 x RATE
+    wire = 4000 + PHUB_HEADER_BYTES
+    assert simulate(job, machine) == pytest.approx(0.03 + 2 * (wire / RATE + wire / (8 * RATE)), rel=1e-12)
+
+
+def test_cpu_bound_exchange_is_messages_times_the_per_message_cost_on_one_core():
+    # 10 chunks, no link limit, one core for everything: the server receives and sends each chunk.
+    job = _job(elements=(10 * 256,), forward=0.0, backward=0.0, workers=1, chunk_bytes=1024, groups=1)
+    costs = RoleCosts(server=Costs(per_message=1e-3))
+    assert simulate(job, Machine(link_bytes_per_s=None, shared_cores=1), costs) == pytest.approx(2 * 10 * 1e-3)
+    # Per-byte costs add bytes x cost, both ways.
+    costs = RoleCosts(server=Costs(per_message=1e-3, per_byte=1e-7))
+    expected = 2 * (10 * 1e-3 + 10 * 1024 * 1e-7)
+    assert simulate(job, Machine(link_bytes_per_s=None, shared_cores=1), costs) == pytest.approx(expected)
+
+
+def test_chunks_pipeline_through_four_hops():
+    # n chunks in n units (groups = n): each crosses the worker's uplink, the PBox's downlink, its
+    # uplink and the worker's downlink at equal rates; the last one is back after (n + 3) hops.
+    n = 6
+    job = _job(elements=(n * 256,), workers=1, chunk_bytes=1024, groups=n)
+    hop = (1024 + PHUB_HEADER_BYTES) / RATE
+    assert simulate(job, Machine(link_bytes_per_s=RATE)) == pytest.approx(0.03 + (n + 3) * hop, rel=1e-9)
+
+
+def test_a_message_in_pieces_pipelines_over_two_links():
+    job = _job(workers=1, piece_seconds=0.001)  # pieces of 1,000 bytes at RATE
+    replay = Iteration(job, Machine(link_bytes_per_s=RATE), RoleCosts())
+    done = replay.send(replay.workers[0], replay.servers[0], 10_000)
+    replay.env.run(until=done)
+    assert replay.env.now == pytest.approx(11 * 1000 / RATE)  # 10 pieces, one more hop for the last
+
+
+def test_a_busy_link_is_shared_fairly_between_connections():
+    # Two workers push 4,000 bytes each through the PBox's single 1x link: 8,000 bytes queued,
+    # served in alternation; neither waits for the other's whole message.
+    job = _job(workers=2, piece_seconds=0.001)
+    replay = Iteration(job, Machine(link_bytes_per_s=RATE), RoleCosts())
+    first = replay.send(replay.workers[0], replay.servers[0], 4000)
+    second = replay.send(replay.workers[1], replay.servers[0], 4000)
+    replay.env.run(until=replay.env.all_of([first, second]))
+    assert replay.env.now == pytest.approx(9 * 1000 / RATE)
+    assert first.processed and second.processed
+
+
+def test_the_gradient_waits_for_the_last_backward_layer_and_overlaps_the_rest():
+    # Two layers: the second's gradient leaves after its backward, during the first's backward.
+    job = Job(system="phub", layers=(((250,), 0.0, 0.5), ((250,), 0.0, 0.5)), workers=1, groups=2,
+              piece_seconds=ONE_PIECE)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=math.inf)
+    hop = (1000 + PHUB_HEADER_BYTES) / RATE
+    assert simulate(job, machine) == pytest.approx(1.0 + 2 * hop, rel=1e-9)
+
+
+@pytest.mark.parametrize("system, setting", [
+    ("phub", softcost.Setting("chunk32k", chunk_bytes=32768)),
+    ("pshard", softcost.Setting("chunk4k", chunk_bytes=4096)),
+    ("pslite-shard", softcost.Setting("bound1k", bigarray_bound=1000)),
+    ("pslite-central", softcost.Setting("bound1m", bigarray_bound=1000 * 1000)),
+    ("gloo-ring", softcost.Setting("segment1m")),
+])
+def test_the_replay_charges_the_bytes_and_messages_the_software_cost_rows_count(system, setting):
+    servers = {"phub": 1, "pslite-central": 1, "gloo-ring": 0}.get(system, 4)
+    row = {"system": system, "model": "googlenet", "workers": 4, "servers": servers, "cores": 1,
+           "message_setting": setting.label}
+    counted = softcost.traffic(load_model("googlenet"), system, 4, servers, setting)
+    for role, (nbytes, messages) in exchange_counts(job_from_softcost(row)).items():
+        assert (nbytes, messages) == (counted[role].bytes, counted[role].messages), role
+
+
+def _made_up_rows(truth):
+    rows = []
+    for system, settings in (("phub", ("chunk32k", "chunk4k")), ("pslite-shard", ("bound1m", "bound1k"))):
+        for model in ("googlenet", "resnet18", "alexnet"):
+            for setting in settings:
+                base = {"experiment": "software_cost", "system": system, "model": model, "workers": 2,
+                        "servers": 1 if system == "phub" else 2, "cores": 1, "message_setting": setting}
+                counts = exchange_counts(job_from_softcost(base))
+                for role, (nbytes, messages) in counts.items():
+                    for repeat, noise in enumerate((0.99, 1.0, 1.01)):
+                        rows.append(dict(base, role=role, cpu_seconds_per_exchange=noise * getattr(
+                            truth[system], role).seconds(messages, nbytes), bytes_per_exchange=nbytes,
+                            messages_per_exchange=messages, seconds_per_iteration=1.0, repeat=repeat))
+    return pd.DataFrame(rows)
+
+
+def test_the_fit_recovers_known_costs_from_made_up_rows():
+    truth = {"phub": RoleCosts(Costs(4e-6, 3e-10), Costs(2e-6, 2e-10), Costs(1e-6, 1e-10)),
+             "pslite-shard": RoleCosts(Costs(3e-5, 2.5e-9), Costs(1e-5, 6e-10), Costs(5e-6, 8e-10))}
+    fitted = fitting.fit(_made_up_rows(truth))
+    for system, costs in truth.items():
+        for role in fitting.ROLES:
+            got, want = getattr(fitted[system], role), getattr(costs, role)
+            assert got.per_byte == pytest.approx(want.per_byte, rel=1e-6), (system, role)
+            assert got.per_message == pytest.approx(want.per_message, rel=1e-6), (system, role)
+
+
+def test_softcost_files_load_and_a_bad_value_names_its_file_and_column(tmp_path):
+    rows = _made_up_rows({s: RoleCosts() for s in ("phub", "pslite-shard")})
+    folder = tmp_path / "software_cost"
+    folder.mkdir()
+    rows.to_csv(folder / "good.csv", index=False)
+    assert len(fitting.load_softcost(tmp_path)) == len(rows)
+    bad = rows.copy()
+    bad.loc[3, "bytes_per_exchange"] = "lots"
+    bad.to_csv(folder / "bad.csv", index=False)
+    with pytest.raises(fitting.SoftCostError, match=r"bad\.csv: column 'bytes_per_exchange', line 5"):
+        fitting.load_softcost(tmp_path)
+
+
+def test_the_section_shows_errors_per_regime_costs_and_predictions_beside_the_paper():
+    points = pd.DataFrame([
+        {"regime": "emulated", "experiment": "pbox", "system": "phub", "model": "alexnet", "workers": 8,
+         "setting": "cloud10g", "seconds": 1.0, "predicted": 1.05, "error": 0.05},
+        {"regime": "emulated", "experiment": "pbox", "system": "phub", "model": "vgg11", "workers": 8,
+         "setting": "cloud10g", "seconds": 1.0, "predicted": 0.7, "error": -0.3},
+        {"regime": "software_cost", "experiment": None, "system": "pslite-shard", "model": "alexnet",
+         "workers": 8, "message_setting": "bound1m", "seconds": 2.0, "predicted": 2.1, "error": 0.05}])
+    summary = error_summary(points[points["regime"] == "emulated"], points[points["regime"] == "software_cost"])
+    phub = summary[(summary["regime"] == "emulated") & (summary["system"] == "phub")].iloc[0]
+    assert (phub["median_abs_error"], phub["worst_abs_error"]) == pytest.approx((0.175, 0.3))
+    costs = pd.DataFrame([{"system": "phub", "role": "server", "ns_per_byte": 0.3, "us_per_message": 4.0,
+                           "points": 6, "settings": "chunk32k, chunk4k", "median_fit_error": 0.01,
+                           "worst_fit_error": 0.02}])
+    predictions = pd.DataFrame([{"quantity": "speedup over stock MXNet", "model": "alexnet", "network": "cloud10g",
+                                 "system": "PHub", "paper": 3.3, "predicted": 2.9, "low": 2.5, "high": 3.1,
+                                 "ratios": "0.5,1,2", "measured_emulated": 8.23}])
+    text = render({}, costs, points, summary, predictions)
+    assert "| emulated | phub | 2 | 18% | 30% | missed |" in text
+    assert "| software_cost | pslite-shard | 1 | 5% | 5% | met |" in text
+    assert "| phub | server | 0.300 | 4.0 | 6 | chunk32k, chunk4k | 1% / 2% |" in text
+    assert "| speedup over stock MXNet | alexnet | cloud10g | PHub | 3.30 | 2.90 | 2.50–3.10 | 8.23 |" in text
+    assert "ratios 0.5,1,2" in text
+    empty = render({}, pd.DataFrame(), points, summary, pd.DataFrame())
+    assert "No software-cost rows" in empty and "The paper's setup" not in empty
