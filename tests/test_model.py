@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from analysis.model import calibrate as fitting
-from analysis.model.replay import (PHUB_HEADER_BYTES, Costs, Iteration, Job, Machine, RoleCosts,
-                                   exchange_counts, simulate)
+from analysis.model.replay import PHUB_HEADER_BYTES, Costs, Iteration, Job, Machine, RoleCosts, simulate
+from analysis.model.traffic import exchange_counts
 from analysis.model.scenarios import job_from_softcost
 from analysis.model.section import render
 from analysis.model.validate import error_summary

@@ -1,6 +1,7 @@
 """A calibrated model of one training iteration, for what one machine cannot show at scale.
 
 * `replay`: the discrete-event replay (SimPy) of one iteration of one job on given hardware;
+* `traffic`: what an exchange is made of (groups, placement, units, counts per role);
 * `calibrate`: CPU costs per (system, role), fitted from the software-cost rows;
 * `scenarios`: result rows and the paper's setup as the replay's jobs and machines;
 * `validate`: predictions against this run's emulated and software-cost points, and at the

@@ -25,8 +25,14 @@ PAPER_SYSTEMS = {"PHub": "phub", "PShard": "pshard"}
 STOCK = "pslite-shard"  # the paper's stock MXNet (ps-lite over ZeroMQ, one server per worker)
 
 
+# The same software under another placement: a system without rows of its own takes its twin's
+# costs (pshard runs phub's server and client; pslite-central and -shard the same MXNet).
+SAME_SOFTWARE = {"pshard": "phub", "phub": "pshard", "pslite-central": "pslite-shard",
+                 "pslite-shard": "pslite-central"}
+
+
 def _costs(fitted: Dict[str, RoleCosts], system: str) -> RoleCosts:
-    return fitted.get(system, RoleCosts())
+    return fitted.get(system) or fitted.get(SAME_SOFTWARE.get(system, ""), RoleCosts())
 
 
 def predict_emulated(runs: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFrame:
@@ -136,7 +142,7 @@ def _spread(values: Dict[float, float]) -> dict:
 def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
     """The rows' bytes and messages per exchange beside what the replay charges for the same
     job: the fitted costs mean what the replay does with them only where the two agree."""
-    from .replay import exchange_counts
+    from .traffic import exchange_counts
 
     rows = []
     points = role_points(softcost)
