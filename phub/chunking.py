@@ -25,6 +25,9 @@ from .errors import ConfigError
 
 DEFAULT_CHUNK_BYTES = 32 * 1024
 ITEMSIZE = 4  # float32
+# The largest chunk: its frame's length field is 32 bits and the C loops keep a chunk's bytes in
+# an int32 (phub/_fastpath.c's tables), so the largest multiple of 4 below 2**31.
+MAX_CHUNK_BYTES = 2**31 - ITEMSIZE
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,10 @@ class Chunk:
 
 
 def chunk_elements(chunk_bytes: int) -> int:
-    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes < ITEMSIZE:
-        raise ConfigError(f"chunk_bytes must be an integer of at least {ITEMSIZE}, got {chunk_bytes!r}")
+    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or \
+            not ITEMSIZE <= chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ConfigError(f"chunk_bytes must be an integer in [{ITEMSIZE}, {MAX_CHUNK_BYTES}] (a frame carries "
+                          f"at most that), got {chunk_bytes!r}")
     if chunk_bytes % ITEMSIZE:
         raise ConfigError(f"chunk_bytes must be a multiple of {ITEMSIZE} (float32), got {chunk_bytes}")
     return chunk_bytes // ITEMSIZE

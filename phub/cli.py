@@ -31,6 +31,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_in(low: int, high: int):
+    """An argparse type: an integer in [low, high]."""
+    def integer(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
+        return value
+    return integer
+
+
+def _chunk_bytes(text: str) -> int:
+    from .chunking import ITEMSIZE, MAX_CHUNK_BYTES
+
+    value = int(text)
+    if not ITEMSIZE <= value <= MAX_CHUNK_BYTES or value % ITEMSIZE:
+        raise argparse.ArgumentTypeError(f"must be a multiple of {ITEMSIZE} in [{ITEMSIZE}, {MAX_CHUNK_BYTES}] "
+                                         f"(what a frame carries), got {value}")
+    return value
+
+
 def seconds(text: str) -> float:
     from .config import check_timeout
 
@@ -62,16 +82,18 @@ def _job_bytes(text: str) -> int:
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", type=positive_int, default=1,
+    from .config import MAX_CORES, MAX_LANES, MAX_PORT
+
+    parser.add_argument("--cores", type=int_in(1, MAX_CORES), default=1,
                         help="server processes, one per core (default 1)")
     parser.add_argument("--interfaces", type=_comma_list("IPv4 address"), default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
                              "(default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0,
+    parser.add_argument("--port", type=int_in(0, MAX_PORT), default=0,
                         help="base port: core C listens on PORT+C on every interface (default 0: ephemeral)")
-    parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+    parser.add_argument("--chunk-bytes", type=_chunk_bytes, default=DEFAULT_CHUNK_BYTES,
                         help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
-    parser.add_argument("--lanes-per-pair", type=positive_int, default=1,
+    parser.add_argument("--lanes-per-pair", type=int_in(1, MAX_LANES), default=1,
                         help="connections per worker for each (interface, core) pair (default 1)")
     parser.add_argument("--timeout", type=seconds, default=300.0,
                         help="seconds a job may stall, a worker may take to connect, and a blocking worker call "
@@ -186,6 +208,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .messages import MAX_WORKERS
+
     parser = Parser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -193,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(server)
     server.add_argument("--job", action="append", default=[], metavar="ID:WORKERS[:TOKEN]",
                         help="a job to accept (repeatable); default: job 0 with --workers workers")
-    server.add_argument("--workers", type=positive_int, default=1, help="workers of the default job 0")
+    server.add_argument("--workers", type=int_in(1, MAX_WORKERS), default=1, help="workers of the default job 0")
     server.add_argument("--once", action="store_true", help="exit when every job has ended")
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
@@ -208,8 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(whether or not it called close()), else non-zero naming the first failure. A CMD "
                     "whose first word is `python` or `python3` runs with this phub's own interpreter "
                     f"({sys.executable}), activated or not; give a path to run another.")
-    launch.add_argument("-n", "--workers", type=positive_int, required=True, help="number of workers")
-    launch.add_argument("--max-restarts", type=int, default=0,
+    launch.add_argument("-n", "--workers", type=int_in(1, MAX_WORKERS), required=True, help="number of workers")
+    launch.add_argument("--max-restarts", type=int_in(0, 1000), default=0,
                         help="start the whole job again after a failure, up to this many times (default 0); "
                              "workers read the start's number in PHUB_RESTART_COUNT and resume from their "
                              "own checkpoint")

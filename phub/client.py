@@ -33,6 +33,7 @@ from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from .handle import Handle
+from .messages import MAX_WORKERS
 from .optim import Optimizer
 from .transport import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
                         recv_control, staging_capacity)
@@ -43,6 +44,11 @@ except ImportError:  # not built: every frame takes the Python path
     drain_results = recv_results = None
 
 DEFAULT_TIMEOUT = 300.0
+MAX_JOB_ID = 2**32 - 1  # a frame header's job field is 32 bits (as JobSpec)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 # The environment `phub launch` gives every worker (and `phub.connect()` reads).
 ENV_SERVER, ENV_RANK, ENV_WORKERS = "PHUB_SERVER", "PHUB_RANK", "PHUB_NUM_WORKERS"
@@ -55,10 +61,12 @@ class Client(ClientLoop, SideChannels):
     def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
                  timeout: float = DEFAULT_TIMEOUT):
         """`address`: HOST:PORT of the server, or a comma-separated list of shards' addresses."""
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_workers:
+        if not _is_int(num_workers) or not 1 <= num_workers <= MAX_WORKERS:
+            raise ConfigError(f"num_workers must be an integer in [1, {MAX_WORKERS}], got {num_workers!r}")
+        if not _is_int(rank) or not 0 <= rank < num_workers:
             raise ConfigError(f"rank must be in [0, {num_workers}), got {rank!r}")
+        if not _is_int(job_id) or not 0 <= job_id <= MAX_JOB_ID:
+            raise ConfigError(f"job_id must be an integer in [0, {MAX_JOB_ID}] (a frame's job field), got {job_id!r}")
         timeout = check_timeout(timeout)
         self.rank, self.num_workers, self.job_id, self.timeout = rank, num_workers, job_id, timeout
         self._protocol = WorkerProtocol(job_id, rank, num_workers, token)  # what this worker awaits
@@ -326,6 +334,15 @@ def connect(address: Optional[str] = None, rank: Optional[int] = None, num_worke
         parse_addresses(text)
         return text
 
-    return Client(env(ENV_SERVER, address, server), env(ENV_RANK, rank, int), env(ENV_WORKERS, num_workers, int),
-                  env(ENV_JOB, job_id, int, 0), env(ENV_TOKEN, token, str, ""),
+    def integer(low, high):
+        def convert(text):
+            value = int(text)
+            if not low <= value <= high:
+                raise ValueError(f"must be an integer in [{low}, {high}]")
+            return value
+        return convert
+
+    return Client(env(ENV_SERVER, address, server), env(ENV_RANK, rank, integer(0, MAX_WORKERS - 1)),
+                  env(ENV_WORKERS, num_workers, integer(1, MAX_WORKERS)),
+                  env(ENV_JOB, job_id, integer(0, MAX_JOB_ID), 0), env(ENV_TOKEN, token, str, ""),
                   env(ENV_TIMEOUT, timeout, lambda t: check_timeout(float(t)), DEFAULT_TIMEOUT))

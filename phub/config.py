@@ -12,6 +12,9 @@ from .errors import ConfigError
 
 MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
 MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered values: see messages.py
+MAX_CORES = 1024  # server processes, one per core: far beyond a PBox's 28 threads
+MAX_LANES = 4096  # connections a worker opens to one server (interfaces x cores x lanes per pair), as HELLO allows
+MAX_PORT = 65535
 
 
 def check_timeout(value, name: str = "timeout") -> float:
@@ -118,9 +121,19 @@ class ServerConfig:
                 socket.inet_aton(address)
             except OSError:
                 raise ConfigError(f"ServerConfig.interfaces: {address!r} is not an IPv4 address") from None
-        Topology(len(self.interfaces), self.cores, self.lanes_per_pair)  # validates both counts
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536 - self.cores:
-            raise ConfigError(f"ServerConfig.port must be 0 (ephemeral) or a free base port, got {self.port!r}")
+        lanes = Topology(len(self.interfaces), self.cores, self.lanes_per_pair).lanes  # validates both counts
+        if self.cores > MAX_CORES:
+            raise ConfigError(f"ServerConfig.cores (--cores) must be at most {MAX_CORES}, got {self.cores}")
+        if lanes > MAX_LANES:
+            raise ConfigError(f"ServerConfig: {len(self.interfaces)} interface(s) x {self.cores} core(s) x "
+                              f"{self.lanes_per_pair} lane(s) per pair (--interfaces, --cores, --lanes-per-pair) "
+                              f"make {lanes} connections per worker, more than {MAX_LANES}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= MAX_PORT:
+            raise ConfigError(f"ServerConfig.port (--port) must be 0 (ephemeral) or a port in [1, {MAX_PORT}], "
+                              f"got {self.port!r}")
+        if self.port and self.port + self.cores - 1 > MAX_PORT:
+            raise ConfigError(f"ServerConfig.port (--port) {self.port} with {self.cores} cores (--cores): core "
+                              f"{self.cores - 1} would listen on port {self.port + self.cores - 1}, past {MAX_PORT}")
         chunk_elements(self.chunk_bytes)
         object.__setattr__(self, "timeout", check_timeout(self.timeout, "ServerConfig.timeout (--timeout)"))
         if isinstance(self.max_job_bytes, bool) or not isinstance(self.max_job_bytes, int) or \

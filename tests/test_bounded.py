@@ -65,11 +65,30 @@ def test_launch_says_at_once_when_the_workers_exit_without_connecting():
     (["experiments", "bench", "exchange", "--model", "synthetic:inf"], ["synthetic:inf"]),
     (["experiments", "bench", "exchange", "--model", "synthetic:nan"], ["synthetic:nan"]),
     (["experiments", "rack", "down", "--spec", "/nonexistent.yaml"], ["/nonexistent.yaml"]),
+    (["server", "--chunk-bytes", str(2**34)], ["--chunk-bytes", "2147483644"]),  # a frame's length is 32-bit
+    (["server", "--chunk-bytes", "4098"], ["--chunk-bytes"]),
+    (["server", "--cores", "65536"], ["--cores"]),
+    (["server", "--port", "65536"], ["--port"]),
+    (["server", "--port", "-1"], ["--port"]),
+    (["server", "--port", "65535", "--cores", "2"], ["--port", "--cores", "65536"]),
+    (["server", "--lanes-per-pair", "5000"], ["--lanes-per-pair"]),
+    (["server", "--cores", "64", "--lanes-per-pair", "65"], ["--lanes-per-pair", "4160"]),
+    (["server", "--workers", "4097"], ["--workers"]),
+    (["launch", "-n", "4097", "--", "true"], ["--workers"]),
+    (["launch", "-n", "1", "--max-restarts", "-1", "--", "true"], ["--max-restarts"]),
 ])
 def test_bad_values_are_one_line_errors(args, words):
     """Of phub's commands and of the harness's (`python -m experiments ...`)."""
     module = args.pop(0) if args[0] == "experiments" else "phub"
     one_line_error(phub_cli(*args, module=module), *words)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_the_last_port_is_a_port(cores):
+    """Core c listens on --port + c: the base may be as high as leaves the last core a port."""
+    assert phub.ServerConfig(port=65536 - cores, cores=cores).port == 65536 - cores
+    with pytest.raises(ConfigError, match="--port"):
+        phub.ServerConfig(port=65537 - cores, cores=cores)
 
 
 def test_a_non_utf8_hostfile_is_named(tmp_path):
@@ -111,7 +130,10 @@ def test_an_unreachable_rack_server_fails_the_job_not_the_core():
 
 
 @pytest.mark.parametrize("name, value", [("PHUB_SERVER", "127.0.0.1:abc"), ("PHUB_SERVER", "nohost"),
-                                         ("PHUB_TIMEOUT", "inf"), ("PHUB_TIMEOUT", "-3")])
+                                         ("PHUB_TIMEOUT", "inf"), ("PHUB_TIMEOUT", "-3"),
+                                         ("PHUB_JOB", "-1"), ("PHUB_JOB", str(2**32)),  # a frame's job is 32-bit
+                                         ("PHUB_RANK", "-1"), ("PHUB_RANK", "4096"),
+                                         ("PHUB_NUM_WORKERS", "0"), ("PHUB_NUM_WORKERS", "4097")])
 def test_bad_environment_variables_are_named(monkeypatch, name, value):
     env = {"PHUB_SERVER": "127.0.0.1:1", "PHUB_RANK": "0", "PHUB_NUM_WORKERS": "1", name: value}
     for key, text in env.items():
@@ -147,32 +169,79 @@ SCHEMA = ROOT / "workflow/schemas/config.schema.yaml"
     (["experiments", "chunk_sweep", "chunk_kb"], [0.001], "chunk_kb"),
     (["experiments", "pbox", "interfaces"], 100000, "interfaces"),
     (["repeats"], 10**9, "repeats"),
+    # NaN passes every bound of JSON Schema (each comparison is false): each number is checked for it
+    *[(path, bad, path[-1]) for bad in (float("nan"), float("inf"), -float("inf")) for path in (
+        ["rack", "max_link_mbit"], ["rack", "time_stretch"], ["rack", "preflight", "seconds"],
+        ["rack", "preflight", "tolerance"], ["rack", "preflight", "budget_mbit"],
+        ["experiments", "capacity", "link_gbps"], ["experiments", "chunk_sweep", "model_scale"])],
+    (["experiments", "oversubscription", "ratios"], [2, float("nan")], "ratios"),
+    (["experiments", "oversubscription", "ratios"], [float("inf")], "ratios"),
+    (["warmup"], float("nan"), "warmup"),
 ])
 def test_the_config_schema_is_closed_and_bounded(path, value, key):
     import jsonschema
     import yaml
 
-    config = yaml.safe_load((ROOT / "config/quick.yaml").read_text())
-    node = config
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = value
+    config = quick_config_with(path, value)
     with pytest.raises(jsonschema.ValidationError) as info:
         jsonschema.validate(config, yaml.safe_load(SCHEMA.read_text()))
     error = info.value
     assert key in "/".join(map(str, error.absolute_path)) + error.message
 
 
-def test_a_typo_in_rack_stops_the_dry_run_naming_the_key(tmp_path):
+def quick_config_with(path, value) -> dict:
+    """config/quick.yaml with the key at `path` (made if missing) set to `value`."""
     import yaml
 
     config = yaml.safe_load((ROOT / "config/quick.yaml").read_text())
-    config["rack"]["max_link_mbt"] = 100
+    node = config
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    return config
+
+
+def dry_run(tmp_path, config: dict) -> subprocess.CompletedProcess:
+    import yaml
+
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    run = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path),
-                          "--config", f"results_dir={tmp_path / 'results'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(path),
+                           "--config", f"results_dir={tmp_path / 'results'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+
+
+def test_a_typo_in_rack_stops_the_dry_run_naming_the_key(tmp_path):
+    run = dry_run(tmp_path, quick_config_with(["rack", "max_link_mbt"], 100))
     assert run.returncode != 0
     assert "max_link_mbt" in run.stdout + run.stderr
+    assert not (tmp_path / "results").exists()
+
+
+# Values the schema admits but a point's emulated rack would not: each rack spec is checked when
+# the grid is made, so the dry run stops, naming the point, before anything starts.
+RACK_REFUSALS = [
+    (["experiments", "oversubscription", "ratios"], [1000], "oversubscription/phub-o1000"),
+    (["rack", "max_link_mbit"], 2000, "cross_rack/alexnet-r2"),
+    (["experiments", "cross_rack", "workers_per_rack"], 250, "cross_rack/alexnet-r2"),
+]
+
+
+@pytest.mark.parametrize("path, value, point", RACK_REFUSALS)
+def test_every_point_s_rack_spec_is_checked_with_the_grid(path, value, point):
+    sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+    import points
+
+    config = quick_config_with(path, value)
+    with pytest.raises(ConfigError, match=f"rack spec of point {point}: .*emulated links must be"):
+        points.points(config)
+    assert points.points(dict(config, network="loopback"))  # nothing is shaped there
+
+
+def test_a_point_s_rack_spec_stops_the_dry_run_in_one_line(tmp_path):
+    run = dry_run(tmp_path, quick_config_with(["experiments", "oversubscription", "ratios"], [1000]))
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    assert "rack spec of point oversubscription/phub-o1000" in output and "Traceback" not in output, output
+    assert 'File "' not in output, output  # no stack
     assert not (tmp_path / "results").exists()

@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+from phub.errors import ConfigError
 from snakemake.settings.types import DeploymentMethod
 
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
@@ -11,7 +12,11 @@ import points as grid  # noqa: E402
 
 RESULTS = config.get("results_dir", "results")
 ENV = "../../environment.yml"  # every rule's conda environment (--sdm conda on a cluster), from this folder
-POINTS = grid.by_key(config)
+# A point its emulated rack would refuse stops the run here, in one line, before anything starts.
+try:
+    POINTS = grid.by_key(config)
+except ConfigError as exc:
+    sys.exit(f"config error: {exc}")
 SHAPES = grid.shapes(config)
 # Rules run Snakemake's own interpreter (the prepared venv), or with `--sdm conda` the `python`
 # of the rule's conda environment (environment.yml).

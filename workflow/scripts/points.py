@@ -32,6 +32,7 @@ import json
 from typing import Dict, Iterator, List
 
 from experiments.models import PAPER_CHUNK_BYTES, scaled_chunk
+from experiments.rack.rackspec import parse_spec
 from experiments.systems.pslite import BIGARRAY_BOUND, effective_bigarray_bound
 from phub.wire import HEADER_BYTES
 
@@ -91,6 +92,8 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
             BIGARRAY_BOUND, point.get("rack", {}).get("scale"))
     point["measurement"] = _digest(measured)
     point["shape"] = _digest(point.get("rack") or {"network": point["network"], "point": id_})
+    if emulated:  # the whole spec its rack will be built from, checked now: before anything starts
+        parse_spec(point["rack"], f"of point {experiment}/{id_}")
     return point
 
 
