@@ -174,3 +174,36 @@ def test_a_real_run_gives_consistent_rows(system, setting):
         assert {r["category"]: r for r in parts}[core]["cpu_seconds_per_exchange"] > 0
     else:
         assert parts == [] and os.geteuid() != 0
+
+
+def test_the_figure_and_the_report_lines_from_made_up_rows(tmp_path, monkeypatch):
+    from analysis import figures, plotting, reference, results
+    from analysis.fig_softcost import non_compute_over_compute, report_lines, tables
+    from phub.fileio import write_csv
+
+    flows = softcost.traffic(_model(250_000), "phub", 2, 1, softcost.Setting("chunk32k", chunk_bytes=32768))
+    block = softcost.Block(0, 2, 0.5, (1.0, 2.0), 1.0, 0.0)
+    for system, setting, each in (("pslite-shard", "bound1m", 0.1), ("phub", "chunk32k", 0.01)):
+        run = {"system": system, "model": "googlenet", "workers": 2, "servers": 2, "cores": "",
+               "message_setting": setting, "compute_seconds_per_iteration": 0.1, "git_commit": "abc",
+               "host": "h", "cpu_model": "c"}
+        roles = softcost.role_rows(run, block, dict.fromkeys(softcost.ROLES, (2 * each, 1)), flows)
+        parts = softcost.breakdown_rows(run, block, dict.fromkeys(softcost.CATEGORIES, 2 * each), 4, flows)
+        write_csv(tmp_path / "points" / "software_cost" / f"{system}.csv", roles, softcost.COLUMNS)
+        write_csv(tmp_path / "points" / "software_cost" / f"{system}-breakdown.csv", parts, softcost.COLUMNS)
+    loaded = results.load(tmp_path / "points")
+    assert len(loaded.software_cost) == 2 * (3 + 6) and loaded.runs.empty
+    breakdown, roles = tables(loaded.software_cost, reference.load())
+    sums = non_compute_over_compute(breakdown)
+    assert sums.loc["googlenet", "ours-stock"] == pytest.approx(6 * 0.1 / 0.1)  # six categories of 0.1 s
+    assert sums.loc["googlenet", "paper-stock"] == pytest.approx(1.6)  # (0.08 + 0.08) / 0.10, the chart's
+    assert sums.loc["resnet269", "paper-stock"] == pytest.approx(3.49, abs=0.01)
+    text = "\n".join(report_lines(loaded.software_cost, reference.load()))
+    assert "| googlenet | 1.60 | 6.00 | 0.09 | 0.60 |" in text
+    assert "| pslite-shard | googlenet | bound1m | 100 | 100 | 100 | 3.00 |" in text
+    monkeypatch.setattr(plotting, "DPI", 50)  # the same drawing, a faster test
+    png = figures.render("software_cost", loaded, tmp_path / "figures")
+    assert png.read_bytes().startswith(b"\x89PNG") and "2 runs" in (tmp_path / "figures" / "software_cost.rst").read_text()
+    empty = results.Results(results.empty_runs())
+    assert figures.render("software_cost", empty, tmp_path / "empty").is_file()
+    assert report_lines(empty.software_cost, reference.load()) == ["The software-cost experiment has no rows in this run."]
