@@ -17,6 +17,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/provision.smk"
 include: "workflow/rules/build.smk"
 include: "workflow/rules/experiments.smk"
+include: "workflow/rules/software_cost.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 
@@ -25,3 +26,4 @@ rule all:
     input:
         results("report.md"),
         expand(results("figures/{figure}.png"), figure=FIGURES),
+        results("figures/software_cost.png"),
