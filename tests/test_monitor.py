@@ -186,3 +186,41 @@ def test_without_a_monitor_there_is_nothing_to_wait_for(tmp_path):
 
     assert wait_for_sample(str(tmp_path / "absent.clock"), 0.0, timeout=60) is False
     assert wait_for_sample(None, 0.0) is False
+
+
+def test_a_racks_uplink_to_the_core_can_be_the_busiest_link():
+    samples = _samples(link_bytes_per_s=1e6)
+    for s in samples:  # rack 0's uplink carried 10 MB/s towards the core, read in the switch namespace
+        s.links["switch/up0"] = (0, int(1e7 * s.t))
+        s.links["switch/dn0"] = (int(1e7 * s.t), 0)  # the same bytes at the core's end: not counted twice
+    got = summarize(samples, _ranks(), cores=2, host_mbit=100, server_mbit=100, uplink_mbit=100)
+    assert got["link_utilization"] == pytest.approx(1e7 * 8 / 100e6, abs=1e-3)
+    # without the uplinks' rate (one rack: no uplinks) the workers' links are the busiest
+    assert summarize(samples, _ranks(), cores=2, host_mbit=100)["link_utilization"] == pytest.approx(0.08, abs=1e-3)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="entering a network namespace needs root")
+def test_the_monitor_reads_the_counters_of_a_namespace_no_process_lives_in():
+    import subprocess
+    import sys
+
+    from experiments.rack.netns import run
+
+    switch, peer = f"phub-mon{os.getpid()}-sw", f"phub-mon{os.getpid()}-peer"
+    run(["ip", "netns", "add", switch])
+    run(["ip", "netns", "add", peer])
+    try:
+        run(["ip", "-n", switch, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", peer])
+        for ns, iface, address in ((switch, "up0", "198.18.250.1/30"), (peer, "eth0", "198.18.250.2/30")):
+            run(["ip", "-n", ns, "addr", "add", address, "dev", iface])
+            run(["ip", "-n", ns, "link", "set", iface, "up"])
+        send = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                "for _ in range(200): s.sendto(bytes(1000), ('198.18.250.1', 9))")
+        with Monitor(period=0.05, switch_ns=switch) as monitor:
+            subprocess.run(["ip", "netns", "exec", peer, sys.executable, "-c", send], check=True, timeout=30)
+        # the namespaces are new, so the counters started near 0; stopping took a last sample
+        received = [s.links["switch/up0"][0] for s in monitor.samples if "switch/up0" in s.links]
+        assert received and received[-1] >= 200 * 1000
+    finally:
+        run(["ip", "netns", "del", peer])
+        run(["ip", "netns", "del", switch])

@@ -17,8 +17,9 @@ half of the span in which any was, that one) and works out:
   while it is high are slower than the machine allows, by an amount that varies from run to run;
 * ``busiest_process`` / ``busiest_process_cpu``: the process that used the most CPU, in cores
   (a single-threaded Python process cannot go much past 1.0);
-* ``link_utilization``: the busiest link direction of a worker or server node, bytes x 8 /
-  (configured rate x timed seconds) (None on loopback, where links have no rate);
+* ``link_utilization``: the busiest link direction of a worker or server node, or of a rack's
+  uplink to the core (read from the switch namespace), bytes x 8 / (configured rate x timed
+  seconds) (None on loopback, where links have no rate);
 * ``service_cpu``: the CPU of the processes that are not workers (servers, schedulers), in cores;
 * ``processes_cpu``: the CPU of every process started under the runner, workers included, in
   cores (what the run itself used of ``cpu_busy``, which also counts the harness and the rest
@@ -46,6 +47,7 @@ made-up ones.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import statistics
 import threading
@@ -62,6 +64,8 @@ BOUNDS = ("compute", "wire", "cpu", "other")  # in the order `classify` tests th
 FLOOR_COLUMNS = ("compute_floor_seconds", "wire_floor_seconds", "floor_seconds", "over_floor")  # `floors`
 STOLEN = 0.05  # cores that lost this share of their time to the hypervisor ran slower than the machine allows
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SWITCH = "switch"  # Sample.links keys of the switch namespace's interfaces: "switch/up0", ...
+CLONE_NEWNET = 0x40000000
 
 
 @dataclass
@@ -125,7 +129,9 @@ def _name(pid: int) -> str:
     return " ".join(words[:2]).replace(",", " ")[:60]
 
 
-def _net_dev(pid: int) -> Dict[str, Tuple[int, int]]:
+def _net_dev(pid) -> Dict[str, Tuple[int, int]]:
+    """(rx, tx) bytes of every interface but lo in the network namespace of `pid` (a number, or
+    "thread-self": the calling thread's)."""
     try:
         with open(f"/proc/{pid}/net/dev") as f:
             lines = f.readlines()[2:]
@@ -138,6 +144,20 @@ def _net_dev(pid: int) -> Dict[str, Tuple[int, int]]:
         if iface.strip() != "lo" and len(values) >= 9:
             out[iface.strip()] = (int(values[0]), int(values[8]))
     return out
+
+
+def _enter_netns(name: str) -> bool:
+    """Move the calling thread, and only it, into network namespace `name` (as `ip netns`
+    names it), so that its /proc/thread-self/net files are that namespace's; False where it
+    cannot (no such namespace, no privilege)."""
+    try:
+        fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) == 0
+    finally:
+        os.close(fd)
 
 
 def _counters(path: str, prefix: str) -> Dict[str, int]:
@@ -219,10 +239,15 @@ class Monitor:
     """Samples in a background thread from `start()` to `stop()`; `samples` holds them. With
     `clock_file`, each sample's time is written there (atomically) for `wait_for_sample`."""
 
-    def __init__(self, root: Optional[int] = None, period: float = PERIOD, clock_file: Optional[str] = None):
+    def __init__(self, root: Optional[int] = None, period: float = PERIOD, clock_file: Optional[str] = None,
+                 switch_ns: Optional[str] = None):
         self.root = os.getpid() if root is None else root
         self.period = period
         self.clock_file = clock_file
+        # the emulated rack's switch namespace, whose links (the uplinks to the core) no process
+        # of the run lives beside: the sampling thread enters it to read their counters
+        self.switch_ns = switch_ns
+        self._in_switch = False
         self.samples: List[Sample] = []
         self._names: Dict[int, str] = {}
         self._stop = threading.Event()
@@ -244,6 +269,7 @@ class Monitor:
         self.stop()
 
     def _run(self) -> None:
+        self._in_switch = bool(self.switch_ns) and _enter_netns(self.switch_ns)
         while True:
             try:
                 self._sample()
@@ -254,7 +280,10 @@ class Monitor:
                 return
 
     def _sample(self) -> None:
-        self.samples.append(take_sample(self.root, self._names))
+        sample = take_sample(self.root, self._names)
+        if self._in_switch:
+            sample.links.update({f"{SWITCH}/{iface}": c for iface, c in _net_dev("thread-self").items()})
+        self.samples.append(sample)
         if self.clock_file:
             temporary = f"{self.clock_file}.tmp"
             with open(temporary, "w") as f:
@@ -355,10 +384,13 @@ def block(ranks: Sequence[Mapping], first: int, count: int) -> List[dict]:
 
 
 def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
-              host_mbit: Optional[float] = None, server_mbit: Optional[float] = None) -> dict:
+              host_mbit: Optional[float] = None, server_mbit: Optional[float] = None,
+              uplink_mbit: Optional[float] = None) -> dict:
     """The bound figures of one run. `ranks`: each worker's result with `pid`, `window` [start,
     end] of its timed iterations, `paused` (seconds of oracle checks inside it) and `verify_cpu`
-    (their CPU seconds). Returns {} when the samples do not cover the window."""
+    (their CPU seconds). The busiest link is sought among the workers' links (at `host_mbit`),
+    the other nodes' (`server_mbit`) and the racks' uplinks to the core (`uplink_mbit`, read in
+    the switch namespace). Returns {} when the samples do not cover the window."""
     windows = [r.get("window") for r in ranks]
     if not samples or not windows or any(w is None for w in windows):
         return {}
@@ -398,10 +430,13 @@ def summarize(samples: Sequence[Sample], ranks: Sequence[Mapping], cores: int,
         worker_ns = {s.pid_ns[p] for s in samples for p in rank_of if p in s.pid_ns}
         other_ns = {ns for s in samples for p, ns in s.pid_ns.items() if p not in rank_of} - worker_ns
         busiest_link = []
-        for ns_set, mbit in ((worker_ns, host_mbit), (other_ns, server_mbit)):
+        groups = ((lambda k: k.split("/", 1)[0] in worker_ns, host_mbit),
+                  (lambda k: k.split("/", 1)[0] in other_ns, server_mbit),
+                  (lambda k: k.startswith(f"{SWITCH}/up"), uplink_mbit))
+        for belongs, mbit in groups:
             if not mbit:
                 continue
-            for key in {k for s in samples for k in s.links if k.split("/", 1)[0] in ns_set}:
+            for key in {k for s in samples for k in s.links if belongs(k)}:
                 for i in (0, 1):  # rx, tx
                     moved = _delta(samples, start, end, lambda s, k=key, i=i: s.links[k][i] if k in s.links else None)
                     if moved is not None:

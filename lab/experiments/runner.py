@@ -161,7 +161,7 @@ def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cl
                   "image_size": options.image_size, "batch": options.batch,
                   "monitor_clock": os.path.join(out_dir, "monitor.clock")}
         env = {ENV_PARAMS: json.dumps(params), "PYTHONPATH": worker_pythonpath()}
-        with Monitor(clock_file=params["monitor_clock"]) as monitor:
+        with Monitor(clock_file=params["monitor_clock"], switch_ns=cluster.extra.get("switch_ns")) as monitor:
             sut.launch(cluster, [sys.executable, "-m", "experiments.worker"], env, options, output)
         ranks = []
         for rank in range(workers):
@@ -180,7 +180,7 @@ def _launch(sut, model, loaded, workers, iterations, warmup, verify, options, cl
         row["repeat"] = b
         row["windows"] = [view["window"] for view in block(ranks, first, iterations)]
         figures = summarize(monitor.samples, block(ranks, first, iterations), os.cpu_count() or 1,
-                            rates.get("host"), rates.get("pbox_nic"))
+                            rates.get("host"), rates.get("pbox_nic"), rates.get("uplink"))
         row["bound"] = settle(figures, row["seconds_per_iteration"], row["compute_seconds_per_iteration"], iterations)
         rows.append(row)
     return rows
