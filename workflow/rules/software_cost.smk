@@ -1,8 +1,8 @@
 # The software-cost experiment (lab/experiments/softcost.py): every system on unshaped loopback,
 # compute removed, full-size models; CPU seconds per exchange by role and by kind of code. One
-# job for all of it (each `runs` entry is one command); every (system, model, setting) is written
-# to points/software_cost/ as soon as it is measured, so a rerun resumes. Its figure sits beside
-# the paper's figures.
+# job for all of it (each `runs` entry is one command, which may name its own message settings);
+# every (system, model, setting) is written to points/software_cost/ as soon as it is measured,
+# so a rerun resumes. Its figure sits beside the paper's figures.
 
 
 def software_cost_commands(wildcards, output):
@@ -12,14 +12,12 @@ def software_cost_commands(wildcards, output):
     if not exp or not exp.get("enabled", True):
         return "true"
     out = str(Path(output.done).parent.parent / "points" / "software_cost")
-    common = (
-        f"--out {out} --workers {exp['workers']} --repeats {exp['repeats']} "
-        f"--block-mb {exp['block_mb']} --chunk-kb {' '.join(map(str, exp['chunk_kb']))} "
-        f"--bigarray-bound {' '.join(map(str, exp['bigarray_bound']))}"
-    )
+    common = f"--out {out} --workers {exp['workers']} --repeats {exp['repeats']} --block-mb {exp['block_mb']}"
     return " && ".join(
         f"{PYTHON} -m experiments bench software-cost {common} "
-        f"--systems {' '.join(run['systems'])} --models {' '.join(run['models'])}"
+        f"--systems {' '.join(run['systems'])} --models {' '.join(run['models'])} "
+        f"--chunk-kb {' '.join(map(str, run.get('chunk_kb', exp['chunk_kb'])))} "
+        f"--bigarray-bound {' '.join(map(str, run.get('bigarray_bound', exp['bigarray_bound'])))}"
         for run in exp["runs"]
     )
 
