@@ -207,3 +207,15 @@ def test_the_figure_and_the_report_lines_from_made_up_rows(tmp_path, monkeypatch
     empty = results.Results(results.empty_runs())
     assert figures.render("software_cost", empty, tmp_path / "empty").is_file()
     assert report_lines(empty.software_cost, reference.load()) == ["The software-cost experiment has no rows in this run."]
+
+
+@pytest.mark.parametrize("kwargs, words", [({"systems": ["nope"]}, "unknown system 'nope'"),
+                                           ({"models": ["nope"]}, "unknown model 'nope'"),
+                                           ({"workers": 1}, "at least 2 workers")])
+def test_bad_settings_are_refused_before_anything_runs(tmp_path, kwargs, words):
+    from phub.errors import ConfigError
+
+    settings = dict({"systems": ["phub"], "models": ["googlenet"]}, **kwargs)
+    with pytest.raises(ConfigError, match=words):
+        softcost_run.run_experiment(str(tmp_path), **settings)
+    assert not list(tmp_path.iterdir())

@@ -19,6 +19,7 @@ each row carries the block's cpu_steal.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import select
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from phub.cli import int_in, seconds
 from phub.errors import ConfigError, PHubError
 from phub.fileio import write_csv
 
@@ -330,22 +332,32 @@ def add_parser(bench) -> None:
     sub.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
                      help=f"model layouts (default {' '.join(DEFAULT_MODELS)}; any of {', '.join(MODELS)} or "
                           "synthetic:SIZE_MB)")
-    sub.add_argument("--workers", type=int, default=2)
-    sub.add_argument("--repeats", type=int, default=2, help="timed blocks per run (default 2)")
-    sub.add_argument("--block-mb", type=float, default=DEFAULT_BLOCK_MB,
+    sub.add_argument("--workers", type=int_in(2, 64), default=2)
+    sub.add_argument("--repeats", type=int_in(1, 100), default=2, help="timed blocks per run (default 2)")
+    sub.add_argument("--block-mb", type=_megabytes, default=DEFAULT_BLOCK_MB,
                      help="each block has enough iterations that a worker moves this many MB (default %(default)g)")
-    sub.add_argument("--chunk-kb", type=int, nargs="+", default=[32, 4], help="phub, pshard: chunk sizes (KB)")
-    sub.add_argument("--bigarray-bound", type=int, nargs="+", default=[1000 * 1000, 1000],
+    sub.add_argument("--chunk-kb", type=int_in(1, 16 * 1024), nargs="+", default=[32, 4],
+                     help="phub, pshard: chunk sizes (KB)")
+    sub.add_argument("--bigarray-bound", type=int_in(1, 10**9), nargs="+", default=[1000 * 1000, 1000],
                      help="pslite-shard: MXNET_KVSTORE_BIGARRAY_BOUND values (elements); pslite-central runs the first")
     sub.add_argument("--perf", choices=("auto", "yes", "no"), default="auto",
                      help="breakdown by kind of code with perf: auto (when perf can sample every process), yes, no")
-    sub.add_argument("--time-limit", type=float, default=300.0, help="seconds each run may take (default 300)")
+    sub.add_argument("--time-limit", type=seconds, default=300.0, help="seconds each run may take (default 300)")
     sub.set_defaults(func=_command)
 
 
+def _megabytes(text: str) -> float:
+    """An argparse type: megabytes in (0, 100000] (NaN and infinities refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1e5:
+        raise argparse.ArgumentTypeError(f"must be in (0, 100000] MB, got {text}")
+    return value
+
+
 def _command(args) -> int:
-    if args.repeats < 1 or args.block_mb <= 0 or min(args.chunk_kb) < 1 or min(args.bigarray_bound) < 1:
-        raise ConfigError("software cost: --repeats, --block-mb, --chunk-kb and --bigarray-bound must be positive")
     with_perf = {"auto": None, "yes": True, "no": False}[args.perf]
     run_experiment(args.out, args.systems, args.models, args.workers, args.repeats, args.block_mb, args.chunk_kb,
                    args.bigarray_bound, with_perf, args.time_limit, log=sys.stdout)
