@@ -157,3 +157,14 @@ def test_old_rows_get_their_floors_and_a_bound_judged_against_them():
     assert rows["floor_seconds"].iloc[0] == pytest.approx(max(compute, 0.5))
     assert list(rows["bound"]) == ["other", "wire", "compute", "cpu", "other", "wire"]
     assert rows["compute_floor_seconds"].iloc[3] == 0.0
+
+
+def test_the_stock_software_cost_divided_away_is_named_where_it_alone_closes_the_gap():
+    from analysis.claims.causes import software_hidden
+
+    # 12x compute in CPU on 2 cores: undivided, an iteration takes at least 7x compute (share 0.86)
+    found = software_hidden(12.0, 2, 1120.0, 0.41, 0.78)
+    assert "spends 12× the model's compute" in found and "to 0.011×" in found and "at least 0.86" in found
+    assert software_hidden(0.2, 2, 1120.0, 0.41, 0.78) == ""  # 1.1x compute: too little to close 25% of it
+    assert software_hidden(12.0, 2, 1120.0, 0.90, 0.78) == ""  # ours above the paper's: the wrong direction
+    assert software_hidden(float("nan"), 2, 1120.0, 0.41, 0.78) == ""

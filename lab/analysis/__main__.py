@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from . import figures, report, results
@@ -47,6 +48,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rep.add_argument("--results", required=True, help="directory of tidy result CSVs")
     rep.add_argument("--figures", required=True, help="directory holding the figures (linked from the report)")
     rep.add_argument("--out", required=True, help="the report file, e.g. results/report.md")
+    rep.add_argument("--model", default=None, type=Path,
+                     help="the calibrated model's section to include (written by `python -m analysis.model`)")
     chk = commands.add_parser("check", help="check that a finished run has every figure and report row")
     chk.add_argument("--results", required=True, help="directory of tidy result CSVs")
     chk.add_argument("--figures", required=True, help="directory holding the figures")
@@ -67,7 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name in args.only or figures.FIGURES:
             print(figures.render(name, loaded, args.out, compute_seconds=args.compute_seconds))
     elif args.command == "report":
-        print(report.write(loaded, args.figures, args.out, compute_seconds=args.compute_seconds))
+        model = args.model.read_text() if args.model else None
+        print(report.write(loaded, args.figures, args.out, compute_seconds=args.compute_seconds, model=model))
     else:
         problems = report.check(loaded, args.figures, args.report, compute_seconds=args.compute_seconds,
                                 min_measured=args.min_measured)

@@ -12,6 +12,7 @@ import pandas as pd
 from . import reference as reference_data
 from .claims import all_claims
 from .derive import failed_verification, unchecked
+from .fig_softcost import report_lines
 from .figures import FIGURES
 from .output import write_text
 from .results import Results
@@ -115,10 +116,11 @@ def figures_list(figures_dir: Union[str, Path], report_path: Union[str, Path]) -
 
 
 def render(results: Results, figures_dir: Union[str, Path], report_path: Union[str, Path], ref=None,
-           compute_seconds: Optional[Mapping[str, float]] = None) -> str:
-    """The report as markdown text."""
+           compute_seconds: Optional[Mapping[str, float]] = None, model: Optional[str] = None) -> str:
+    """The report as markdown text; `model`, the calibrated model's section (analysis.model),
+    made apart because it takes minutes."""
     ref = reference_data.load() if ref is None else ref
-    claims = all_claims(results.runs, ref, compute_seconds)
+    claims = all_claims(results.runs, ref, compute_seconds, results.software_cost)
     return "\n".join([
         "# PHub reproduction: the paper's claims vs this run", "",
         "Each row is one claim of the paper (the SoCC'18 paper and its posters; the numbers are in "
@@ -133,6 +135,12 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
         "the paper's gains as far as the baseline's time over this floor allows: that is each claim's "
         "ceiling.", "", floors_table(results.runs), "",
         "## Claims", claims_table(claims), "",
+        "## The software cost one machine can show", "",
+        "Every system on unshaped loopback, compute removed, full-size models: what the emulated rack "
+        "divides away (its links run s_n times slower while the CPU does not).", "",
+        *report_lines(results.software_cost, ref), "",
+        "## A calibrated model of the paper's hardware (derived, never measured)", "",
+        model.strip() if model else "Not made for this run (`python -m analysis.model --results DIR`).", "",
         "## Figures", "", "Ours beside the paper's. The captions are in `lab/analysis/captions/`.", "",
         figures_list(figures_dir, report_path), ""])
 
@@ -156,7 +164,8 @@ def check(results: Results, figures_dir: Union[str, Path], report_path: Union[st
     except OSError as exc:
         return problems + [f"report {report_path}: cannot read it: {exc.strerror or exc}"]
     rows = report_rows(text)
-    claims = all_claims(results.runs, reference_data.load() if ref is None else ref, compute_seconds)
+    claims = all_claims(results.runs, reference_data.load() if ref is None else ref, compute_seconds,
+                        results.software_cost)
     problems += [f"report {report_path}: no row for the claim {c.claim!r}" for c in claims if _cell(c.claim) not in rows]
     problems += [f"claim {c.claim!r} {p}" for c in claims for p in c.problems()]
     for claim, cells in rows.items():
@@ -192,6 +201,6 @@ def report_rows(text: str) -> Dict[str, Dict[str, str]]:
 
 
 def write(results: Results, figures_dir: Union[str, Path], out: Union[str, Path], ref=None,
-          compute_seconds: Optional[Mapping[str, float]] = None) -> Path:
+          compute_seconds: Optional[Mapping[str, float]] = None, model: Optional[str] = None) -> Path:
     """Write the report to `out` atomically; return its path."""
-    return write_text(out, render(results, figures_dir, out, ref, compute_seconds))
+    return write_text(out, render(results, figures_dir, out, ref, compute_seconds, model))

@@ -1,4 +1,24 @@
-# Report: one row per paper claim (paper, ours, ratio, verdict, why).
+# Report: one row per paper claim (paper, ours, ratio, verdict, why), with the calibrated
+# model's section (analysis.model, minutes of its own) made apart and included.
+
+
+rule model:
+    input:
+        shapes=shape_outputs(),
+        software_cost=results("shapes/software_cost.done"),
+    output:
+        results("model.md"),
+    log:
+        results("logs/model.log"),
+    conda:
+        ENV
+    params:
+        python=PYTHON,
+        points=lambda wildcards, input: str(
+            Path(input.software_cost).parent.parent / "points"
+        ),
+    shell:
+        "{params.python} -m analysis.model --results {params.points} --out {output} 2> {log}"
 
 
 rule report:
@@ -6,6 +26,7 @@ rule report:
         shapes=shape_outputs(),
         curves=results(CURVES),
         figures=expand(results("figures/{figure}.png"), figure=FIGURES),
+        model=results("model.md"),
     output:
         results("report.md"),
     log:
@@ -18,4 +39,4 @@ rule report:
         figures=lambda wildcards, input: str(Path(input.figures[0]).parent),
     shell:
         "{params.python} -m analysis report --results {params.points} "
-        "--figures {params.figures} --out {output} 2> {log}"
+        "--figures {params.figures} --model {input.model} --out {output} 2> {log}"

@@ -5,23 +5,6 @@
 # so a rerun resumes. Its figure sits beside the paper's figures.
 
 
-def software_cost_commands(wildcards, output):
-    """One `bench software-cost` command per entry of the experiment's `runs`, joined by
-    && (`true` where the config has none or disables it: the figure then says so)."""
-    exp = config["experiments"].get("software_cost")
-    if not exp or not exp.get("enabled", True):
-        return "true"
-    out = str(Path(output.done).parent.parent / "points" / "software_cost")
-    common = f"--out {out} --workers {exp['workers']} --repeats {exp['repeats']} --block-mb {exp['block_mb']}"
-    return " && ".join(
-        f"{PYTHON} -m experiments bench software-cost {common} "
-        f"--systems {' '.join(run['systems'])} --models {' '.join(run['models'])} "
-        f"--chunk-kb {' '.join(map(str, run.get('chunk_kb', exp['chunk_kb'])))} "
-        f"--bigarray-bound {' '.join(map(str, run.get('bigarray_bound', exp['bigarray_bound'])))}"
-        for run in exp["runs"]
-    )
-
-
 rule software_cost:
     input:
         results("build/selftest.json"),

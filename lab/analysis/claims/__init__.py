@@ -26,11 +26,13 @@ __all__ = ["all_claims", "bandwidth_claims", "breakdown_claims", "capacity_claim
 
 
 def all_claims(runs: pd.DataFrame, ref: Dict[str, Table],
-               compute_seconds: Optional[Mapping[str, float]] = None) -> List[Claim]:
+               compute_seconds: Optional[Mapping[str, float]] = None,
+               software_cost: Optional[pd.DataFrame] = None) -> List[Claim]:
     """Every claim of the report, in report order. `compute_seconds` feeds the bandwidth rows
-    (default: the paper's breakdown chart, see derive.bandwidth_table)."""
+    (default: the paper's breakdown chart, see derive.bandwidth_table); `software_cost`, the
+    software-cost experiment's rows (results.Results.software_cost), some of the causes."""
     rows = Runs(runs)
     return (speedup_claims(rows, ref) + cost_claims(rows, ref) + capacity_claims(rows, ref)
             + multitenant_claims(rows, ref) + scaling_claims(rows, ref) + cross_rack_claims(rows, ref)
-            + oversubscription_claims(rows, ref) + chunk_claims(rows, ref) + breakdown_claims(rows, ref)
+            + oversubscription_claims(rows, ref) + chunk_claims(rows, ref) + breakdown_claims(rows, ref, software_cost)
             + bandwidth_claims(ref, compute_seconds) + context_claims(ref))

@@ -22,6 +22,11 @@ with tests that must fire and tests that must not:
   move it away).
 
 A cause that explains less than MIN_SHARE of the gap is not named.
+
+One more rule reads the software-cost experiment (full-size models on unshaped loopback):
+`software_hidden`, for the stock PS's non-compute share, names the stock PS's CPU per exchange at
+full size when the emulated rack's scaling divides it away and, undivided, it alone would move
+the share toward the paper's by the stated share of the gap.
 """
 from __future__ import annotations
 
@@ -184,6 +189,27 @@ def troubled_runs(ratio: TimeRatio, paper: float) -> str:
 
 
 RULES = (troubled_runs, off_floor, at_floors)
+
+
+def software_hidden(cpu_over_compute: float, cores: int, s_n: float, share: float, paper_share: float) -> str:
+    """The stock PS's share of an iteration not spent computing, `share` here, `paper_share` in
+    the paper. `cpu_over_compute`: its CPU seconds per exchange at full size (all processes), over
+    the model's compute seconds, measured on `cores` cores. On a rack whose links run s_n times
+    slower that cost is divided by s_n beside compute (bytes shrink by s_m, compute stretches by
+    s_n / s_m); undivided, it alone would make an iteration at least 1 + cpu_over_compute / cores
+    compute times long. Named when that moves the share toward the paper's by MIN_SHARE of the
+    gap (on the scale of time over compute)."""
+    if any(math.isnan(x) for x in (cpu_over_compute, share, paper_share)) or share >= 1 or paper_share >= 1:
+        return ""
+    ours, paper = 1 / (1 - share), 1 / (1 - paper_share)
+    undivided = 1 + cpu_over_compute / cores
+    moved = share_of_gap(ours, paper, max(ours, undivided))
+    if moved < MIN_SHARE:
+        return ""
+    return (f"at full size on this machine the stock PS spends {cpu_over_compute:.2g}× the model's compute in CPU "
+            f"per exchange (software-cost experiment, {cores} cores); the emulated rack divides that by "
+            f"s_n = {s_n:g}, to {cpu_over_compute / s_n:.2g}×; undivided it alone would make the share at least "
+            f"{1 - 1 / undivided:.2f} ({min(moved, 1.0):.0%} of the gap)")
 
 
 def ratio_causes(ratio: Optional[TimeRatio], paper: float) -> str:

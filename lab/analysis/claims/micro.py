@@ -13,7 +13,8 @@ from experiments.monitor import NEAR_FLOOR
 from .. import derive
 from ..reference import PAPER_MODEL, Table
 from ..verdict import CAUSE_UNKNOWN, DERIVED_BASIS, Claim
-from .causes import Side, TimeRatio, ratio_causes
+from ..fig_softcost import STOCK, non_compute_over_compute, tables
+from .causes import Side, TimeRatio, ratio_causes, software_hidden
 from .common import NAN, Runs, scaling_words, setup
 
 SWEEP = "Microbenchmarks: chunk size"
@@ -86,7 +87,7 @@ def _kb(size: float) -> str:
     return f"{size / 1024:g} KB" if size < 1024 * 1024 else f"{size / 1024 / 1024:g} MB"
 
 
-def breakdown_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
+def breakdown_claims(runs: Runs, ref: Dict[str, Table], software_cost: Optional[pd.DataFrame] = None) -> List[Claim]:
     """Per model of the paper's breakdown chart: PHub's iteration time over the stock PS's (full
     runs), and the share of the stock PS's iteration not spent computing, with compute the
     replayed compute (the run's compute floor): a no-compute run of a CPU-bound stock PS is no
@@ -114,6 +115,7 @@ def breakdown_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          ceiling=ratio.ceiling(scaling_words(base.rows)) if ratio else None))
         paper_share = float(1 - before.loc[before["component"] == "compute", "seconds"].sum() / before["seconds"].sum())
         share = NAN
+        measured = stock_cpu_over_compute(software_cost, ref, model)
         if base is not None:
             compute = base.rows["compute_floor_seconds"].median()
             share = float(1 - compute / base.seconds) if compute > 0 else NAN
@@ -121,23 +123,43 @@ def breakdown_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          paper_share, share,
                          why=why if stock else "Needs breakdown runs of pslite for this model.",
                          note="Paper values chart-read. Compute is the replayed compute per iteration.",
-                         cause=stock_share_cause(base, share, paper_share) if base is not None else "",
+                         cause=stock_share_cause(base, share, paper_share, measured) if base is not None else "",
                          evidence=runs.evidence("breakdown", **dict(full, system=stock))))
     return out
 
 
-def stock_share_cause(base: Side, share: float, paper_share: float) -> str:
-    """The cause of a differing stock share the rows can show: the stock PS far above its floor
-    (a larger share than the paper's) or at it (its time is then the floor's: compute or the wire,
-    with none of the software cost behind the paper's share); CAUSE_UNKNOWN otherwise."""
+def stock_share_cause(base: Side, share: float, paper_share: float, measured: Optional[tuple] = None) -> str:
+    """The cause of a differing stock share the rows show: the stock PS's software cost at full
+    size (`measured`: stock_cpu_over_compute), divided away by the emulated rack
+    (causes.software_hidden); the stock PS far above its floor (a larger share than the paper's)
+    or at it (its time is then the floor's); CAUSE_UNKNOWN otherwise."""
     if math.isnan(share) or math.isnan(base.over):
         return CAUSE_UNKNOWN
+    s_n = float(pd.to_numeric(base.rows["s_n"], errors="coerce").max()) if "s_n" in base.rows else math.nan
+    if measured is not None and s_n > 1:
+        found = software_hidden(measured[0], measured[1], s_n, share, paper_share)
+        if found:
+            return found
     if share > paper_share and base.over > NEAR_FLOOR:
         return f"{base.describe()}, which raises the share beyond the paper's"
     if share < paper_share and base.over <= NEAR_FLOOR:
         return (f"{base.describe()}: its time is its floor's, so none of the software cost behind the paper's "
                 "share shows here")
     return CAUSE_UNKNOWN
+
+
+def stock_cpu_over_compute(software_cost: Optional[pd.DataFrame], ref: Dict[str, Table],
+                           model: str) -> Optional[tuple]:
+    """(CPU seconds per exchange of the stock PS's whole job at full size over the model's compute
+    seconds, the cores it ran on) from the software-cost experiment's rows; None without them."""
+    if software_cost is None or software_cost.empty:
+        return None
+    sums = non_compute_over_compute(tables(software_cost, ref)[0])
+    if model not in sums.index or "ours-stock" not in sums.columns or math.isnan(sums.loc[model, "ours-stock"]):
+        return None
+    rows = software_cost[(software_cost["system"] == STOCK) & (software_cost["model"] == model)]
+    cores = int(pd.to_numeric(rows.get("workers"), errors="coerce").max()) if len(rows) else 2
+    return float(sums.loc[model, "ours-stock"]), cores
 
 
 def bandwidth_claims(ref: Dict[str, Table],
