@@ -98,6 +98,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=seconds, default=300.0,
                         help="seconds a job may stall, a worker may take to connect, and a blocking worker call "
                              "may wait before it fails (default 300)")
+    parser.add_argument("--connect-timeout", type=seconds, default=None,
+                        help="seconds a job's workers may take to connect once the first has, before the "
+                             "server fails the job naming the missing ranks (default 60, at most --timeout)")
     parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
                         help="bytes of arrays one job may register (default 2 GiB); the server needs about "
                              "(workers + 3) times this in memory")
@@ -124,7 +127,8 @@ def _server_config(args, jobs, once: bool):
                         transport=getattr(args, "transport", DEFAULT_TRANSPORT),
                         rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()),
                         report_joins=getattr(args, "report_joins", False),
-                        **({"max_job_bytes": args.max_job_bytes} if args.max_job_bytes else {}))
+                        **({"max_job_bytes": args.max_job_bytes} if args.max_job_bytes else {}),
+                        **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}))
 
 
 def cmd_server(args) -> int:

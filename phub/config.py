@@ -11,6 +11,9 @@ from .datapath import DEFAULT_TRANSPORT, PATHS
 from .errors import ConfigError
 
 MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
+# How long a job's workers may take to connect once the first has (at most the server's timeout):
+# the others learn who is missing then, not after a step's whole timeout.
+DEFAULT_CONNECT_TIMEOUT = 60.0
 MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered values: see messages.py
 MAX_CORES = 1024  # server processes, one per core: far beyond a PBox's 28 threads
 MAX_LANES = 4096  # connections a worker opens to one server (interfaces x cores x lanes per pair), as HELLO allows
@@ -104,7 +107,8 @@ class ServerConfig:
     # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
     rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
     max_job_bytes: int = DEFAULT_MAX_JOB_BYTES  # the values one job may register (its arrays' bytes)
-    report_joins: bool = False  # print a JSON line on stdout when a rank connects (for the launcher)
+    report_joins: bool = False  # print JSON lines on stdout for the launcher: a rank connected, a job failed
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # see connect_wait
 
     def __post_init__(self):
         object.__setattr__(self, "jobs", tuple(self.jobs))
@@ -136,6 +140,8 @@ class ServerConfig:
                               f"{self.cores - 1} would listen on port {self.port + self.cores - 1}, past {MAX_PORT}")
         chunk_elements(self.chunk_bytes)
         object.__setattr__(self, "timeout", check_timeout(self.timeout, "ServerConfig.timeout (--timeout)"))
+        object.__setattr__(self, "connect_timeout",
+                           check_timeout(self.connect_timeout, "ServerConfig.connect_timeout (--connect-timeout)"))
         if isinstance(self.max_job_bytes, bool) or not isinstance(self.max_job_bytes, int) or \
                 not MIN_JOB_BYTES <= self.max_job_bytes <= 1 << 40:
             raise ConfigError(f"ServerConfig.max_job_bytes (--max-job-bytes) must be an integer in "
@@ -159,6 +165,12 @@ class ServerConfig:
     def racks(self) -> int:
         return len(self.peers) or 1
 
+    @property
+    def connect_wait(self) -> float:
+        """Seconds a job's workers may take to connect after its first did (and the launcher
+        waits for them): the connect timeout, or the timeout if that is shorter."""
+        return min(self.connect_timeout, self.timeout)
+
     def to_argv(self, interfaces: Optional[Tuple[str, ...]] = None) -> List[str]:
         """`phub server` options that recreate this configuration (on other interfaces, if given)."""
         argv = ["--interfaces", ",".join(interfaces or self.interfaces), "--cores", str(self.cores),
@@ -170,6 +182,8 @@ class ServerConfig:
             argv.append("--once")
         if self.max_job_bytes != DEFAULT_MAX_JOB_BYTES:
             argv += ["--max-job-bytes", str(self.max_job_bytes)]
+        if self.connect_timeout != DEFAULT_CONNECT_TIMEOUT:
+            argv += ["--connect-timeout", str(self.connect_timeout)]
         if self.report_joins:
             argv.append("--report-joins")
         if self.peers:

@@ -80,6 +80,11 @@ def goodbye(client, abort: Optional[str] = None) -> None:
         print(f"phub: rank {client.rank} could not leave its job cleanly: {exc}", file=sys.stderr, flush=True)
 
 
+def made_a_client() -> bool:
+    """Whether this process has opened a `Client` (connected to a server) at all."""
+    return _installed
+
+
 def closed(client) -> None:
     """`client` was closed: nothing is left to do for it at exit."""
     _open.discard(client)

@@ -24,7 +24,7 @@ from .client import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_W
 from .cluster import Cluster, Node
 from .config import JobSpec, ServerConfig
 from .errors import ConfigError, PHubError
-from .supervisor import Supervisor
+from .supervisor import Supervisor, exit_status
 
 READY_TIMEOUT = 60.0
 _JOIN_LAG = 2.0  # seconds a server's "joined" line, or else its exit, may trail its workers' exit
@@ -59,23 +59,42 @@ def worker_env(address: str, rank: int, num_workers: int, job_id: int = 0, token
 
 
 class _Joins:
-    """The (job, rank) pairs the servers reported connected (their `joined` lines, one thread each)."""
+    """What the servers report on stdout (one thread each): the (job, rank) pairs that connected
+    (`joined` lines), and the first job failure, with the rank that caused it (`failed` lines)."""
 
     def __init__(self):
         self.members: set = set()
+        self.failure: Optional[dict] = None  # the first `failed` event: job, rank (or None), message
+        self.readers = 0  # servers whose stdout is still read
         self.changed = threading.Condition()
 
     def read(self, stream) -> None:
+        with self.changed:
+            self.readers += 1
         for line in iter(stream.readline, b""):
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("event") == "joined":
-                with self.changed:
+            if not isinstance(event, dict):
+                continue
+            with self.changed:
+                if event.get("event") == "joined":
                     self.members.add((event.get("job"), event.get("rank")))
-                    self.changed.notify_all()
+                elif event.get("event") == "failed" and self.failure is None:
+                    self.failure = event
+                self.changed.notify_all()
         stream.close()
+        with self.changed:
+            self.readers -= 1
+            self.changed.notify_all()
+
+    def first_failure(self, wait: float) -> Optional[dict]:
+        """The first job failure a server reported, after waiting up to `wait` seconds for one
+        (less when every server has exited)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.failure is not None or self.readers == 0, wait)
+            return self.failure
 
     def missing(self, expected: Sequence[Tuple[int, int]], wait: float = 0.0) -> List[Tuple[int, int]]:
         """The `expected` (job, rank) pairs not reported yet, after waiting up to `wait` seconds."""
@@ -209,7 +228,9 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                        for node, node_config in zip(cluster.servers, server_configs(cluster, config, num_workers))]
             for node, proc in started:
                 addresses[node.name] = _await_ready(proc, node, joins)
+            nodes = {}  # process name -> its node's name
             for index, ((job, rank), node) in enumerate(zip(members, cluster.workers)):
+                nodes[name(job, rank)] = node.name
                 address = ",".join(addresses[server.name] for server in cluster.servers_of(index))
                 spec = specs[job]
                 env = {**(extra_env or {}), **(job_env or {}).get(job, {}),
@@ -217,17 +238,19 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                                     spec.token, config.timeout)}
                 supervisor.start(name(job, rank), node.argv(command), env=env, output=stderr, stdout=stdout,
                                  prefix=f"[{name(job, rank)}] " if prefix_output else "")
-            connect_by = time.monotonic() + config.timeout
+            connect_by = time.monotonic() + config.connect_wait
 
             def never_connected() -> Optional[str]:
                 if time.monotonic() > connect_by:
                     missing = joins.missing(members)
                     if missing:
                         return f"{_named(missing, several)} never connected to the phub server within " \
-                               f"{config.timeout:g} s (--timeout)"
+                               f"{config.connect_wait:g} s (--connect-timeout)"
                 return None
 
             failure = supervisor.wait_workers(time_limit, never_connected)
+            if supervisor.failed_worker or supervisor.failed_service:  # not a time limit, not the check above
+                failure = _root_cause(failure, supervisor, joins, nodes, name)
             if failure and supervisor.failed_service and joins.missing(members):
                 failure += f"; {_named(joins.missing(members), several)} never connected to it"
             if failure is None:
@@ -235,7 +258,8 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                 # exit proves they all connected even when a `joined` line comes late.
                 missing = joins.missing(members, _JOIN_LAG)
                 if missing and supervisor.wait_services(_JOIN_LAG) is not None:
-                    failure = f"{_named(missing, several)} exited (status 0) without ever connecting to the phub server"
+                    failure = f"{_named(missing, several)} exited (status 0) without ever connecting to the phub " \
+                              f"server{_hints(supervisor, [name(*member) for member in missing])}"
             failure = failure or supervisor.wait_services()
             result.worker_status = dict(supervisor.worker_status)
             if failure:
@@ -247,6 +271,33 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     finally:
         signal.signal(signal.SIGTERM, previous)
     return result
+
+
+def _root_cause(failure: str, supervisor: Supervisor, joins: _Joins, nodes: Dict[str, str], name) -> str:
+    """The launcher's last word on a failed run (`failure`: what ended the wait): the process that
+    failed first, its rank, node and last line (its exception's), not one that failed because of
+    it. The server knows which worker ended the job (it reports it before acting on it), so its
+    word comes first; else the worker that exited first."""
+    reported = joins.first_failure(_JOIN_LAG) or {}
+    if reported and reported.get("rank") is None:
+        return f"{supervisor.failed_service or 'the phub server'} failed the job: {reported.get('message')}"
+    culprit = name(reported.get("job"), reported.get("rank")) if reported else supervisor.failed_worker
+    if culprit not in nodes:
+        return failure  # a server failed on its own, a time limit, ranks that never connected
+    code = supervisor.settle(culprit, _JOIN_LAG)
+    # An error exit's last line is its exception's; a killed or running process's says nothing of why
+    said = supervisor.last_lines.get(culprit) if code is not None and code > 0 else None
+    words = f"{culprit} on {nodes[culprit]} failed first" + (f" ({exit_status(code)})" if code else "")
+    detail = said or reported.get("message")
+    return f"{words}: {detail}" if detail else words
+
+
+def _hints(supervisor: Supervisor, names: List[str]) -> str:
+    """What the workers `names` said last as a hint (a `phub: hint:` line: a likely cause phub
+    knows), once each, as `; HINT`."""
+    hints = dict.fromkeys(line[len("phub: "):] for line in (supervisor.last_lines.get(n, "") for n in names)
+                          if line.startswith("phub: hint:"))
+    return "".join(f"; {hint}" for hint in hints)
 
 
 def _named(members: List[Tuple[int, int]], several_jobs: bool) -> str:

@@ -23,11 +23,14 @@ SERVICE_EXIT = 30.0  # seconds services get to exit on their own once the worker
 POLL = 0.05  # polling interval: the supervisor only watches exit codes; nothing synchronizes on it
 
 
-def pump(stream, prefix: str, sink) -> None:
+def pump(stream, prefix: str, sink, last: Optional[Callable[[str], None]] = None) -> None:
     """Copy `stream`'s lines to `sink`, each after `prefix`, until EOF or `sink` closes. A sink
-    with a byte buffer (sys.stdout) gets the bytes unchanged; any other text stream decoded text."""
+    with a byte buffer (sys.stdout) gets the bytes unchanged; any other text stream decoded text.
+    `last` is told each line that is not blank (without its end), as text."""
     raw = getattr(sink, "buffer", None)
     for line in iter(stream.readline, b""):
+        if last is not None and line.strip():
+            last(line.decode(errors="replace").rstrip())
         try:
             if raw is not None:
                 raw.write(prefix.encode() + line)
@@ -60,16 +63,25 @@ def stop_processes(processes: Sequence[subprocess.Popen], grace: float = GRACE) 
             proc.wait()
 
 
-def blame(failed: Sequence[Tuple[str, int]]) -> str:
-    """Name the worker whose failure came first among those seen in one poll (in start order):
-    one killed by a signal over one that exited with an error, as the others exit when told a
-    worker was lost."""
-    name, code = min(failed, key=lambda item: item[1] > 0)
-    message = f"{name} exited with status {code}"
+def exit_status(code: int) -> str:
+    """`status 1`, or `status -9 (SIGKILL)` for a process a signal ended."""
     if code < 0 and -code in signal.valid_signals():
-        message += f" ({signal.Signals(-code).name})"
+        return f"status {code} ({signal.Signals(-code).name})"
+    return f"status {code}"
+
+
+def first_failed(failed: Sequence[Tuple[str, int]]) -> Tuple[str, int]:
+    """Of the (name, exit code) of the workers that failed in one poll (in start order), the one
+    whose failure came first: one killed by a signal over one that exited with an error, as the
+    others exit when told a worker was lost."""
+    return min(failed, key=lambda item: item[1] > 0)
+
+
+def blame(failed: Sequence[Tuple[str, int]]) -> str:
+    """Name the worker whose failure came first among those seen in one poll (`first_failed`)."""
+    name, code = first_failed(failed)
     others = [other for other, _ in failed if other != name]
-    return message + (f"; {', '.join(others)} failed with it" if others else "")
+    return f"{name} exited with {exit_status(code)}" + (f"; {', '.join(others)} failed with it" if others else "")
 
 
 class Supervisor:
@@ -80,7 +92,11 @@ class Supervisor:
         self._workers: List[Tuple[str, subprocess.Popen]] = []
         self.worker_status: Dict[str, int] = {}  # exit status of each worker seen exiting
         self.failed_service: Optional[str] = None  # the service whose failure ended `wait_workers`
+        self.failed_worker: Optional[str] = None  # the worker `blame` named when one ended `wait_workers`
+        self.last_lines: Dict[str, str] = {}  # each process's last line of output (its stderr, if apart)
+        self._processes: Dict[str, subprocess.Popen] = {}
         self._pumps: List[threading.Thread] = []
+        self._pumps_of: Dict[str, List[threading.Thread]] = {}
 
     def __enter__(self) -> "Supervisor":
         return self
@@ -100,16 +116,31 @@ class Supervisor:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                                 start_new_session=True)
         (self._services if service else self._workers).append((name, proc))
+        self._processes[name] = proc
         if output is not None:
-            self._pump(proc.stdout if merged else proc.stderr, prefix, output)
+            self._pump(name, proc.stdout if merged else proc.stderr, prefix, output,
+                       lambda line: self.last_lines.__setitem__(name, line))
         if not merged and stdout is not subprocess.PIPE:
-            self._pump(proc.stdout, prefix, stdout)
+            self._pump(name, proc.stdout, prefix, stdout)
         return proc
 
-    def _pump(self, stream, prefix: str, sink) -> None:
-        thread = threading.Thread(target=pump, args=(stream, prefix, sink), daemon=True)
+    def _pump(self, name: str, stream, prefix: str, sink, last=None) -> None:
+        thread = threading.Thread(target=pump, args=(stream, prefix, sink, last), daemon=True)
         thread.start()
         self._pumps.append(thread)
+        self._pumps_of.setdefault(name, []).append(thread)
+
+    def settle(self, name: str, wait: float) -> Optional[int]:
+        """Wait up to `wait` seconds for process `name` to exit and its output to be pumped (so
+        that `last_lines` holds its last words); its exit status, or None if it still runs."""
+        end = time.monotonic() + wait
+        try:
+            code = self._processes[name].wait(wait)
+        except subprocess.TimeoutExpired:
+            return None
+        for thread in self._pumps_of.get(name, ()):
+            thread.join(max(0.0, end - time.monotonic()))
+        return code
 
     def wait_workers(self, time_limit: Optional[float] = None,
                      check: Optional[Callable[[], Optional[str]]] = None) -> Optional[str]:
@@ -129,6 +160,7 @@ class Supervisor:
                     if code != 0:
                         failed.append((name, code))
             if failed:
+                self.failed_worker = first_failed(failed)[0]
                 return blame(failed)
             if not running:  # all done: a service's status is `wait_services`' business now
                 break

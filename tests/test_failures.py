@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -43,6 +44,34 @@ def test_killed_worker_stops_the_server_and_the_other_workers(tmp_path):
             proc.wait()
 
 
+def test_workers_waiting_for_a_rank_that_never_connects_are_told_which_within_the_connect_timeout():
+    """Two of a job's three workers wait in init for the third, which never starts: the server
+    fails the job once the connect timeout has passed since the first connected (not after the
+    workers' 300 s step timeout), and each worker's error names the missing rank."""
+    server = phub.Server(phub.ServerConfig(jobs=(phub.JobSpec(0, 3),), once=True, timeout=300,
+                                           connect_timeout=2)).start()
+    errors = {}
+
+    def worker(rank):
+        try:
+            phub.connect(server.address, rank=rank, num_workers=3).init("w", np.zeros(8, np.float32))
+        except phub.JobFailed as exc:
+            errors[rank] = str(exc)
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in (0, 1)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(BOUND)
+        assert not any(thread.is_alive() for thread in threads), "a worker still waits"
+        assert server.wait(timeout=BOUND) == 1
+    finally:
+        server.stop()
+    for rank in (0, 1):
+        assert "rank(s) [2] never connected within 2 s" in errors.get(rank, ""), errors
+
+
 def test_launch_runs_workers_with_rank_prefixed_output(tmp_path):
     params = {"sizes": [[100]], "steps": 2, "optimizer": None, "out_dir": str(tmp_path), "announce": True}
     env = dict(os.environ, PHUB_TEST=json.dumps(params))
@@ -70,9 +99,10 @@ def test_launch_fails_when_a_worker_fails(tmp_path):
     assert run.returncode != 0
     assert time.monotonic() - start < BOUND + 10
     assert "rank 1 gives up on purpose" in run.stderr
-    # sys.exit leaves the job as a normal end does (BYE): rank 0's next push then fails the job at once
-    assert ("phub launch: rank 1 exited with status 1" in run.stderr or "worker 1 lost" in run.stderr
-            or "worker 1 left the job" in run.stderr)
+    # sys.exit leaves the job as a normal end does (BYE): rank 0's next push then fails the job at once,
+    # and the launcher names rank 1 (the server says it left first), with its last words
+    assert "phub launch: rank 1 on worker1 failed first (status 1): rank 1 gives up on purpose" in run.stderr, \
+        run.stderr
 
 
 def _raw_hello(address, **fields):

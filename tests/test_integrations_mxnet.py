@@ -132,13 +132,36 @@ def test_reduce_must_be_mean_or_sum():
         create(reduce="max")  # refused before connecting
 
 
+BY_NAME = """
+import mxnet as mx
+import phub.integrations.mxnet  # registers the name "phub"
+net = mx.gluon.nn.Dense(2, in_units=3)
+net.initialize()
+trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="phub")
+with mx.autograd.record():
+    loss = net(mx.nd.ones((1, 3))).sum()
+loss.backward()
+trainer.step(1)
+"""
+
+
 def test_kvstore_given_by_name_is_ignored_on_one_device():
     """The MXNet 1.9.1 behaviour the docs warn about: by name, one device, no kvstore at all."""
-    net = mx.gluon.nn.Dense(2, in_units=3)
-    net.initialize()
-    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore="phub")
-    with mx.autograd.record():
-        loss = net(mx.nd.ones((1, 3))).sum()
-    loss.backward()
-    trainer.step(1)  # would fail to connect (no server here) if the kvstore were used
-    assert trainer._kvstore is None
+    names = {}
+    exec(BY_NAME, names)  # its step would fail to connect (no server here) if the kvstore were used
+    assert names["trainer"]._kvstore is None
+
+
+def test_a_worker_that_gave_the_kvstore_by_name_and_never_connected_gets_the_likely_cause():
+    import io
+
+    from phub.launch import run_job
+
+    out = io.StringIO()
+    env = dict(PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = run_job([sys.executable, "-c", BY_NAME], 1, phub.ServerConfig(timeout=60), extra_env=env, stdout=out,
+                     stderr=out, time_limit=120)
+    assert result.status == 1, out.getvalue()
+    assert result.failed.startswith("rank(s) [0] exited (status 0) without ever connecting to the phub server; "
+                                    "hint: ") and 'kvstore="phub" given by name' in result.failed, result.failed
+    assert "kvstore=phub.integrations.mxnet.create()" in result.failed

@@ -399,6 +399,34 @@ def test_a_stalled_job_is_reported_then_failed_naming_who_it_waits_for():
     assert error_of(conns[1]) == "job 0 failed: stalled for 61 s waiting for rank(s) [1] to push chunk(s) 0, 1"
 
 
+def test_workers_waiting_for_one_that_never_connects_hear_of_it_after_the_connect_timeout():
+    """Not after a step's whole timeout: the job fails naming the missing rank, and the
+    launcher hears (report_joins) that no worker of it is to blame."""
+    core = Core(workers=3, connect_timeout=10, report_joins=True)
+    conns = [core.worker(0)]
+    core.clock.advance(5)
+    conns.append(core.worker(1))
+    for rank, conn in enumerate(conns):
+        core.register(conn, rank)
+    core.clock.advance(4.5)
+    core.protocol.tick()
+    assert core.job.ended is None
+    core.clock.advance(0.5)  # 10 s after the first worker connected
+    core.protocol.tick()
+    message = "rank(s) [2] never connected within 10 s of the job's first worker (--connect-timeout); " \
+              "the others waited for them"
+    for conn in conns:
+        assert error_of(conn) == f"job 0 failed: {message}"
+    assert core.reports[-1] == {"event": "failed", "job": 0, "rank": None, "message": message}
+
+
+def test_the_launcher_hears_which_worker_ended_the_job():
+    core = Core(report_joins=True)
+    conns = core.ready_job()
+    core.send(conns[1], wire.control_frame(K.ERROR, 0, 1, {"message": "ValueError: bad"}))
+    assert core.reports[-1] == {"event": "failed", "job": 0, "rank": 1, "message": "rank 1 gave up: ValueError: bad"}
+
+
 def test_a_job_nobody_connects_to_ends_after_the_timeout_naming_the_ranks():
     core = Core(workers=2, first_rank=2, total_workers=4)
     core.clock.advance(TIMEOUT - 1)

@@ -136,10 +136,44 @@ def test_run_job_with_two_jobs_names_the_job_of_the_worker_that_failed():
     config = ServerConfig(jobs=(JobSpec(1, 1), JobSpec(2, 1)), timeout=60)
     code = "import os, sys; sys.exit(5 if os.environ['PHUB_JOB'] == '2' else 0)"
     result = run_job([PY, "-c", code], 2, config, stdout=io.StringIO(), stderr=io.StringIO(), time_limit=60)
-    assert result.status == 1 and result.failed.startswith("job 2 rank 0 exited with status 5"), result.failed
+    assert result.status == 1 and result.failed.startswith("job 2 rank 0 on worker1 failed first (status 5)"), result.failed
 
 
 def test_run_job_rejects_jobs_whose_workers_do_not_add_up():
     config = ServerConfig(jobs=(JobSpec(1, 2), JobSpec(2, 2)))
     with pytest.raises(ConfigError, match=r"have 4 workers, not 3"):
         run_job([PY, "-c", "pass"], 3, config)
+
+
+# A worker that fails: rank FAIL raises where the script says, its teardown slow (as torch's
+# can be: one second in an exit hook, run after phub has told the server), so that the processes
+# that fail because of it (the others, the server) exit before it does.
+FAILING = """
+import atexit, os, time, numpy, phub
+atexit.register(time.sleep, 1.0)
+rank = int(os.environ["PHUB_RANK"])
+if rank == {fail} and {before_connect}:
+    raise RuntimeError("CUDA is not available")
+kv = phub.connect()
+w = numpy.zeros(10, numpy.float32)
+kv.init("w", w)
+if rank == {fail}:
+    raise ValueError("bad batch size 0")
+kv.pushpull("w", numpy.ones(10, numpy.float32), out=w)
+"""
+
+
+@pytest.mark.parametrize("workers, fail, before_connect, words", [
+    (2, 1, False, "rank 1 on worker1 failed first (status 1): ValueError: bad batch size 0"),  # rank 0 exits first
+    (1, 0, False, "rank 0 on worker0 failed first (status 1): ValueError: bad batch size 0"),  # the server first
+    (2, 1, True, "rank 1 on worker1 failed first (status 1): RuntimeError: CUDA is not available"),
+])
+def test_the_launcher_names_the_first_process_that_failed_its_node_and_its_exception(workers, fail, before_connect,
+                                                                                      words):
+    """Not a rank that failed because of it, nor the server that failed the job: the server
+    reports which worker ended the job, and the launcher gives that worker's last line."""
+    out = io.StringIO()
+    env = dict(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = run_job([PY, "-c", FAILING.format(fail=fail, before_connect=before_connect)], workers,
+                     ServerConfig(timeout=60), extra_env=env, stdout=out, stderr=out, time_limit=60)
+    assert result.status == 1 and result.failed == words, (result.failed, out.getvalue())

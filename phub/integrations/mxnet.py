@@ -43,8 +43,11 @@ blocks until its result is written, so the Trainer's next forward pass sees the 
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import pickle
+import sys
 from typing import Dict, List, Optional
 
 import mxnet as mx
@@ -52,7 +55,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from .. import exiting, optim
-from ..client import Client, connect
+from ..client import ENV_SERVER, Client, connect
 from ..errors import ConfigError
 from ..fileio import atomic_write
 from ._common import ensure_optimizer
@@ -68,6 +71,21 @@ SERVER_OPTIMIZERS = {mx.optimizer.NAG: optim.NAG, mx.optimizer.SGD: optim.SGD}
 
 def _as_list(values) -> list:
     return list(values) if isinstance(values, (list, tuple)) else [values]
+
+
+HINT = ("phub: hint: this worker imported phub.integrations.mxnet but never connected to its phub server: "
+        "MXNet's Trainer ignores kvstore=\"phub\" given by name when the parameters sit on one device; "
+        "pass the instance, kvstore=phub.integrations.mxnet.create()")
+
+
+def _hint_if_never_connected() -> None:
+    """At the exit of a worker `phub launch` started: if it never connected, the likely cause,
+    as its last line (the launcher repeats it). Silent outside a launched worker."""
+    if ENV_SERVER in os.environ and not exiting.made_a_client():
+        print(HINT, file=sys.stderr, flush=True)
+
+
+atexit.register(_hint_if_never_connected)
 
 
 @KVStoreBase.register

@@ -45,6 +45,8 @@ class Job:
         self.stall_reported = False
         self.registered_bytes = 0  # counted against the server's max_job_bytes (messages.register)
         self.joined: set = set()  # ranks with a lane admitted on this core
+        self.lanes_joined = 0  # (lane, worker) connections admitted, of len(links) x num_workers
+        self.first_joined: Optional[float] = None  # when the first was
         self.shared: Dict[str, bytes] = {}  # what rank 0 shared (wire.Kind.SHARE), by name: the frame to send
         self.shared_bytes = 0  # their frames' bytes, also counted against max_job_bytes
 
@@ -105,10 +107,10 @@ class Job:
             yield from (link for link in lane_links if link is not None and not link.closed)
         yield from (link for link in self.peer_links.values() if not link.closed)
 
-    def stranded(self, lane: int, states) -> Optional[str]:
-        """Why a round of `lane` can never complete, or None: a worker that said BYE on the lane
-        (so all its rounds there were complete) is missing from one of `states` that is part-way
-        through a round: the others pushed past the end of its work."""
+    def stranded(self, lane: int, states) -> Optional[Tuple[str, int]]:
+        """Why a round of `lane` can never complete, and the rank that left, or None: a worker
+        that said BYE on the lane (so all its rounds there were complete) is missing from one of
+        `states` that is part-way through a round: the others pushed past the end of its work."""
         gone = [local for bye_lane, local in self.said_bye if bye_lane == lane]
         first = self.spec.first_rank
         for state in states:
@@ -119,19 +121,29 @@ class Job:
                     pushed = [first + r for r in range(self.spec.num_workers) if state.mask >> r & 1]
                     return (f"worker {first + local} left the job (it closed or exited) while rank(s) {pushed} "
                             f"still push chunk {state.chunk.id} (iteration {state.rounds + 1}): that round can "
-                            f"never complete; every worker must make the same pushpull calls")
+                            f"never complete; every worker must make the same pushpull calls", first + local)
         return None
 
-    def stall(self, now: float, timeout: float, once: bool) -> Tuple[Optional[str], Optional[str]]:
+    def stall(self, now: float, timeout: float, once: bool,
+              connect_wait: Optional[float] = None) -> Tuple[Optional[str], Optional[str]]:
         """What the job's idleness calls for at `now`: (why it fails, what to log), each or both
         None. A job nobody connected to fails after `timeout` (only with `once`: a server that
-        serves on waits for them); a job that waits for a push or a connection is reported once
-        after min(30 s, timeout / 2) and fails after `timeout`, naming what it waits for."""
+        serves on waits for them); one whose workers have not all connected `connect_wait`
+        seconds (default `timeout`) after the first did fails naming the missing ranks; a job
+        that waits for a push or a connection is reported once after min(30 s, timeout / 2) and
+        fails after `timeout`, naming what it waits for."""
         if self.ended is None and self.state is None and once and now - self.last_progress >= timeout:
             first = self.spec.first_rank
             return (f"no worker connected within {timeout:g} s: rank(s) "
                     f"{list(range(first, first + self.spec.num_workers))} never did"), None
-        if self.ended is not None or self.state is None or not any(self.live_links()):
+        if self.ended is not None or self.state is None:
+            return None, None
+        connect_wait = timeout if connect_wait is None else connect_wait
+        if self.lanes_joined < len(self.links) * self.spec.num_workers and self.first_joined is not None \
+                and now - self.first_joined >= connect_wait:
+            return (f"rank(s) {self.unconnected()} never connected within {connect_wait:g} s of the job's first "
+                    "worker (--connect-timeout); the others waited for them"), None
+        if not any(self.live_links()):
             return None, None
         idle = now - self.last_progress
         if idle < min(30.0, timeout / 2):  # checked first: pending() visits every chunk
@@ -149,11 +161,16 @@ class Job:
         self.stall_reported = True
         return None, f"job {self.spec.job_id} has waited {idle:.0f} s for {missing}"
 
+    def unconnected(self) -> List[int]:
+        """The ranks with a lane on this core that has not connected yet."""
+        first = self.spec.first_rank
+        return sorted({first + local for links in self.links.values() for local, link in enumerate(links)
+                       if link is None})
+
     def missing(self, pending: List[ChunkState]) -> str:
         """What a stalled job waits for, in words (its pending chunks, or ranks to connect)."""
         first = self.spec.first_rank
-        unconnected = sorted({first + local for links in self.links.values()
-                              for local, link in enumerate(links) if link is None})
+        unconnected = self.unconnected()
         if unconnected:
             return f"rank(s) {unconnected} to connect"
         ranks = sorted({first + r for s in pending for r in s.missing(self.spec.num_workers)})

@@ -131,7 +131,7 @@ class CoreProtocol:
             return
         if (peer.lane, peer.local) in job.said_bye and not midframe:
             return
-        self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}")
+        self._fail(job, f"worker {peer.rank} lost: lane {peer.lane} {reason}", peer.rank)
 
     def bad_frame(self, conn, message: str) -> None:
         """The connection sent something that breaks the protocol (or that the server could not handle)."""
@@ -140,8 +140,9 @@ class CoreProtocol:
             return self._refuse(conn, f"protocol error: {message}")
         if peer.job.ended is not None:  # a late frame of a job that is over: nobody to tell
             return self._drop(conn)
-        who = f"rack {peer.rack}'s server" if peer.rack >= 0 else f"rank {peer.rank} (lane {peer.lane})"
-        self._fail(peer.job, f"{who} sent a bad frame: {message}")
+        if peer.rack >= 0:
+            return self._fail(peer.job, f"rack {peer.rack}'s server sent a bad frame: {message}")
+        self._fail(peer.job, f"rank {peer.rank} (lane {peer.lane}) sent a bad frame: {message}", peer.rank)
 
     def data_path_failed(self, conn, error: Exception) -> None:
         """The RDMA work a frame of `conn` asked for could not be done: its job fails."""
@@ -236,7 +237,7 @@ class CoreProtocol:
             self._to_racks(job, wire.control_frame(wire.Kind.SHARE, job.spec.job_id, self.config.rack,
                                                    {"name": name, "value": value}))
         elif kind is wire.Kind.ERROR:
-            self._fail(job, f"rank {peer.rank} gave up: {messages.error_message(frame.json())}")
+            self._fail(job, f"rank {peer.rank} gave up: {messages.error_message(frame.json())}", peer.rank)
         else:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
 
@@ -340,6 +341,9 @@ class CoreProtocol:
         self._admitted(conn, peer)
         job.links[lane][local] = conn
         job.last_progress = self.clock()
+        job.lanes_joined += 1
+        if job.first_joined is None:
+            job.first_joined = job.last_progress
         if self.config.report_joins and rank not in job.joined:  # the launcher learns who connected
             self.report({"event": "joined", "job": spec.job_id, "rank": rank})
         job.joined.add(rank)
@@ -491,16 +495,20 @@ class CoreProtocol:
 
     def _check_stranded(self, job: Job, lane: int, states) -> bool:
         """Fail the job if a round of `lane` waits for a worker that said BYE (Job.stranded)."""
-        message = job.stranded(lane, states)
-        if message:
-            self._fail(job, message)
-        return bool(message)
+        stranded = job.stranded(lane, states)
+        if stranded:
+            self._fail(job, *stranded)
+        return bool(stranded)
 
-    def _fail(self, job: Job, message: str) -> None:
+    def _fail(self, job: Job, message: str, rank: Optional[int] = None) -> None:
+        """End `job` with `message`, sent to every connection of it; `rank`: the worker that
+        caused it, when one did (the launcher names it as the root cause)."""
         if job.ended is not None:
             return
         job.ended = message
         self.log(f"job {job.spec.job_id} failed: {message}")
+        if self.config.report_joins:  # first, before what it causes: the other cores may blame its victims
+            self.report({"event": "failed", "job": job.spec.job_id, "rank": rank, "message": message})
         frame = wire.control_frame(wire.Kind.ERROR, job.spec.job_id, _SERVER,
                                    {"message": f"job {job.spec.job_id} failed: {message}"})
         for conn in list(job.live_links()):
@@ -545,7 +553,7 @@ class CoreProtocol:
 
     def _check_stalls(self, now: float) -> None:
         for job in self.jobs.values():
-            failure, report = job.stall(now, self.config.timeout, self.config.once)
+            failure, report = job.stall(now, self.config.timeout, self.config.once, self.config.connect_wait)
             if failure:
                 self._fail(job, failure)
             elif report:
