@@ -74,6 +74,19 @@ def role_points(softcost: pd.DataFrame) -> pd.DataFrame:
         workers=("workers", "first")).reset_index()
 
 
+def cores_in_use(softcost: pd.DataFrame) -> float:
+    """The cores the software-cost jobs kept busy: per block, every role's CPU seconds per
+    exchange over its seconds per iteration, the median over blocks (NaN with no rows). On an
+    idle 2-core machine a job whose work runs in parallel gets near 2; a job that shares the
+    machine with other work (the committed run's load average was 5-8) gets what is left."""
+    rows = softcost[softcost["role"].isin(ROLES)]
+    if rows.empty:
+        return float("nan")
+    blocks = rows.groupby(["system", "model", "message_setting", "repeat"]).agg(
+        cpu=("cpu_seconds_per_exchange", "sum"), seconds=("seconds_per_iteration", "first"))
+    return float((blocks["cpu"] / blocks["seconds"]).median())
+
+
 def fit_one(points: pd.DataFrame) -> Costs:
     """Non-negative least squares on relative residuals for one (system, role)."""
     weight = 1.0 / points["cpu"].clip(lower=1e-12).to_numpy()

@@ -48,6 +48,11 @@ PHUB_HEADER_BYTES = 32  # phub.wire's frame header, on every chunk
 PSLITE_HEADER_BYTES = 96  # ps-lite's message meta + ZeroMQ frames (keys, lengths), about; an assumption
 GLOO_HEADER_BYTES = 0
 SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
+# Events are what the replay costs: 12 layer groups and at most 16 pieces per message and hop
+# move the committed grid's predictions by a median 0.5% (at most 5%) from 24 groups and 64
+# pieces, in half the time.
+DEFAULT_GROUPS = 12
+MAX_PIECES = 16
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class Job:
     server_cores: int = 1
     chunk_bytes: int = 32768
     bigarray_bound: int = 1000 * 1000
-    groups: int = 24
+    groups: int = DEFAULT_GROUPS
     piece_seconds: float = 1e-3
 
     def __post_init__(self):
@@ -213,7 +218,7 @@ class Iteration:
             done.succeed()
             return done
         piece = max(1.0, min(link.rate for link in path) * self.job.piece_seconds)
-        count = min(64, max(1, math.ceil(nbytes / piece)))
+        count = min(MAX_PIECES, max(1, math.ceil(nbytes / piece)))
         remaining = [count]
         flow = (src.name, dst.name)
 

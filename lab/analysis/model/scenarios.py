@@ -21,7 +21,7 @@ import pandas as pd
 
 from experiments.models import compute_schedule, load_model, scaled
 
-from .replay import Job, Machine
+from .replay import DEFAULT_GROUPS, Job, Machine
 
 THIS_MACHINE_CORES = 2  # every emulated node and every software-cost process share them
 MXNET_BIGARRAY_BOUND = 1000 * 1000  # elements; what the committed runs used, unless a row says
@@ -50,7 +50,7 @@ def _number(row, column, default=None):
     return default if math.isnan(value) else value
 
 
-def job_from_row(row, groups: int = 24) -> Job:
+def job_from_row(row, groups: int = DEFAULT_GROUPS) -> Job:
     """The job of one emulated run row (a pandas Series or dict with the run columns)."""
     s_m, s_t = _number(row, "s_m", 1.0), _number(row, "s_t", 1.0)
     system = row["system"]
@@ -87,7 +87,7 @@ def _setting_knobs(row) -> dict:
     return knobs
 
 
-def job_from_softcost(row, groups: int = 24) -> Job:
+def job_from_softcost(row, groups: int = DEFAULT_GROUPS) -> Job:
     """The job of one software-cost point (full size, compute removed, loopback)."""
     system = row["system"]
     cores = int(_number(row, "cores", 1) or 1)
@@ -96,12 +96,15 @@ def job_from_softcost(row, groups: int = 24) -> Job:
                **_setting_knobs(row))
 
 
-def loopback_machine() -> Machine:
-    """This machine on loopback: no link limit, the 2 cores shared by every process."""
-    return Machine(link_bytes_per_s=None, shared_cores=THIS_MACHINE_CORES)
+def loopback_machine(cores: float = THIS_MACHINE_CORES) -> Machine:
+    """This machine on loopback: no link limit, `cores` (the cores the jobs kept busy,
+    `calibrate.cores_in_use`, rounded to a whole core, at least 1, at most this machine's)
+    shared by every process."""
+    whole = THIS_MACHINE_CORES if cores != cores else min(THIS_MACHINE_CORES, max(1, round(cores)))
+    return Machine(link_bytes_per_s=None, shared_cores=whole)
 
 
-def paper_job(system: str, model: str, groups: int = 24) -> Job:
+def paper_job(system: str, model: str, groups: int = DEFAULT_GROUPS) -> Job:
     """The paper's job: 8 workers, full-size model, its compute; phub on the PBox, pshard on the
     workers, stock MXNet = pslite-shard (its servers on the workers, MXNet's default bound)."""
     cores = {"phub": PAPER["pbox_cores"], "pshard": PAPER["shard_cores"]}.get(system, 1)
@@ -127,7 +130,7 @@ def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown
     if "racks" in rows:
         rows = rows[rows["racks"].fillna(1).astype(int) == 1]
     keys = ["experiment", "point", "system", "model", "variant"]
-    for column in ("bigarray_bound",):
+    for column in ("bigarray_bound", "cpu_busy"):
         if column not in rows:
             rows[column] = float("nan")
     agg = rows.groupby(keys, dropna=False).agg(
@@ -135,5 +138,6 @@ def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown
         interfaces=("interfaces", "first"), cores=("cores", "first"), chunk_bytes=("chunk_bytes", "first"),
         link_gbps=("link_gbps", "first"), link_gbps_measured=("link_gbps_measured", "first"),
         s_m=("s_m", "first"), s_t=("s_t", "first"), compute=("compute", "first"),
-        setting=("setting", "first"), bound=("bound", "first"), bigarray_bound=("bigarray_bound", "first"))
+        setting=("setting", "first"), bound=("bound", "first"), bigarray_bound=("bigarray_bound", "first"),
+        cpu_busy=("cpu_busy", "median"))
     return agg.reset_index()

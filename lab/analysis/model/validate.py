@@ -10,13 +10,16 @@
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Dict, List, Sequence, Tuple
 
 import pandas as pd
 
-from .calibrate import role_points
-from .replay import RoleCosts, simulate
-from .scenarios import (PAPER, job_from_row, job_from_softcost, loopback_machine, machine_from_row,
+from .calibrate import cores_in_use, role_points
+from .replay import Job, Machine, RoleCosts, simulate
+from .traffic import exchange_counts
+from .scenarios import (PAPER, THIS_MACHINE_CORES, job_from_row, job_from_softcost, loopback_machine, machine_from_row,
                         median_points, paper_job, paper_machine)
 
 CPU_SPEED_RATIOS = (0.5, 1.0, 2.0)  # the paper's CPU over this machine's: assumed 1, spread 0.5x-2x
@@ -35,19 +38,51 @@ def _costs(fitted: Dict[str, RoleCosts], system: str) -> RoleCosts:
     return fitted.get(system) or fitted.get(SAME_SOFTWARE.get(system, ""), RoleCosts())
 
 
+def _simulate_one(task: Tuple[Job, Machine, RoleCosts]) -> float:
+    return simulate(*task)
+
+
+def simulate_many(tasks: List[Tuple[Job, Machine, RoleCosts]], processes: int = 0) -> List[float]:
+    """`simulate` of every (job, machine, costs), each distinct one once, over `processes`
+    worker processes (0: one per core; 1: here). Blocks until all are done; a replay's
+    exception is raised here."""
+    distinct = list(dict.fromkeys(tasks))
+    processes = processes or os.cpu_count() or 1
+    if processes > 1 and len(distinct) > 1:
+        with ProcessPoolExecutor(max_workers=min(processes, len(distinct))) as pool:
+            seconds = list(pool.map(_simulate_one, distinct, chunksize=max(1, len(distinct) // (4 * processes))))
+    else:
+        seconds = [_simulate_one(task) for task in distinct]
+    found = dict(zip(distinct, seconds))
+    return [found[task] for task in tasks]
+
+
 def predict_emulated(runs: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFrame:
     """One row per emulated point: measured and predicted seconds, signed relative error."""
     points = median_points(runs)
-    predicted = [simulate(job_from_row(row), machine_from_row(row), _costs(fitted, row["system"]))
-                 for _, row in points.iterrows()]
+    predicted = simulate_many([(job_from_row(row), machine_from_row(row), _costs(fitted, row["system"]))
+                               for _, row in points.iterrows()])
     points["predicted"] = predicted
     points["error"] = points["predicted"] / points["seconds"] - 1
     points["regime"] = "emulated"
+    # What the machine's cores spent per iteration (the monitor's busy share of both cores) beside
+    # what the fitted costs charge for the same exchange: the gap is CPU no role's cost holds.
+    points["cpu_measured"] = points["cpu_busy"] * THIS_MACHINE_CORES * points["seconds"]
+    points["cpu_charged"] = [charged_cpu(job_from_row(row), _costs(fitted, row["system"]))
+                             for _, row in points.iterrows()]
     return points
 
 
-def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFrame:
-    """One row per software-cost point (system, model, message setting): measured and predicted."""
+def charged_cpu(job: Job, costs: RoleCosts) -> float:
+    """CPU seconds per iteration the fitted costs charge for one exchange of `job`, every role."""
+    return sum(getattr(costs, role).seconds(messages, nbytes)
+               for role, (nbytes, messages) in exchange_counts(job).items())
+
+
+def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts], cores: float = None) -> pd.DataFrame:
+    """One row per software-cost point (system, model, message setting): measured and predicted,
+    on `cores` shared cores (default: the cores the rows show the jobs kept busy,
+    `calibrate.cores_in_use`, as a whole number)."""
     if softcost.empty:
         return pd.DataFrame(columns=["regime", "system", "model", "message_setting", "seconds", "predicted", "error"])
     keyed = softcost[softcost["role"] != "breakdown"]
@@ -55,10 +90,16 @@ def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd
         seconds=("seconds_per_iteration", "median"), **{c: (c, "first") for c in keyed.columns
                                                          if c in ("workers", "cores", "interfaces", "chunk_bytes",
                                                                   "bigarray_bound")}).reset_index()
-    points["predicted"] = [simulate(job_from_softcost(row), loopback_machine(), _costs(fitted, row["system"]))
-                           for _, row in points.iterrows()]
+    machine = loopback_machine(cores_in_use(softcost) if cores is None else cores)
+    points["predicted"] = simulate_many([(job_from_softcost(row), machine, _costs(fitted, row["system"]))
+                                         for _, row in points.iterrows()])
     points["error"] = points["predicted"] / points["seconds"] - 1
     points["regime"] = "software_cost"
+    measured = role_points(softcost).groupby(["system", "model", "message_setting"])["cpu"].sum()
+    points["cpu_measured"] = [measured.get((r.system, r.model, r.message_setting)) for r in points.itertuples()]
+    points["cpu_charged"] = [charged_cpu(job_from_softcost(row), _costs(fitted, row["system"]))
+                             for _, row in points.iterrows()]
+    points["cores"] = machine.shared_cores
     return points
 
 
@@ -98,13 +139,11 @@ def paper_predictions(fitted: Dict[str, RoleCosts], reference: Dict[str, pd.Data
     breakdown = reference["breakdown_mxnet_ps"]
     needed = {(m, n) for m, n in zip(speedups["model"], speedups["network"])}
     needed |= {(m, BREAKDOWN_NETWORK) for m in breakdown["model"].unique()}
-    seconds = {}
-    for model, network in sorted(needed):
-        for ratio in ratios:
-            machine = paper_machine(network, ratio)
-            for system in ("phub", "pshard", STOCK):
-                seconds[(model, network, system, ratio)] = simulate(paper_job(system, model), machine,
-                                                                    _costs(fitted, system))
+    keys = [(model, network, system, ratio) for model, network in sorted(needed) for ratio in ratios
+            for system in ("phub", "pshard", STOCK)]
+    tasks = [(paper_job(system, model), paper_machine(network, ratio), _costs(fitted, system))
+             for model, network, system, ratio in keys]
+    seconds = dict(zip(keys, simulate_many(tasks)))
     measured = _measured_speedups(runs) if runs is not None and not runs.empty else {}
     rows = []
     for _, row in speedups.iterrows():
