@@ -152,7 +152,7 @@ class EmulatedRack:
         return {
             "network": "emulated",
             "run_id": self.run_id,
-            "switch_ns": self.plan.sw,  # where the uplinks' counters are (experiments.monitor)
+            "switch_ns": self.plan.switch_ns,  # where the uplinks' counters are (experiments.monitor)
             "port": spec.port,
             "racks": spec.racks,
             "workers_per_rack": spec.workers_per_rack,
