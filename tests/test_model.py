@@ -8,9 +8,9 @@ import pytest
 from analysis.model import calibrate as fitting
 from analysis.model.replay import PHUB_HEADER_BYTES, Costs, Iteration, Job, Machine, RoleCosts, simulate
 from analysis.model.traffic import exchange_counts
-from analysis.model.scenarios import job_from_softcost
+from analysis.model.scenarios import job_from_softcost, loopback_machine
 from analysis.model.section import render
-from analysis.model.validate import error_summary
+from analysis.model.validate import charged_cpu, error_summary, simulate_many
 from experiments import softcost
 from experiments.models import load_model
 
@@ -168,3 +168,59 @@ def test_the_section_shows_errors_per_regime_costs_and_predictions_beside_the_pa
     assert "ratios 0.5,1,2" in text
     empty = render({}, pd.DataFrame(), points, summary, pd.DataFrame())
     assert "No software-cost rows" in empty and "The paper's setup" not in empty
+
+
+def _softcost_block(system, cpu_by_role, seconds, repeat=0):
+    return [{"experiment": "software_cost", "system": system, "model": "googlenet", "workers": 2,
+             "message_setting": "chunk32k", "role": role, "cpu_seconds_per_exchange": cpu,
+             "bytes_per_exchange": 1.0, "messages_per_exchange": 1.0, "seconds_per_iteration": seconds,
+             "repeat": repeat} for role, cpu in cpu_by_role.items()]
+
+
+def test_cores_in_use_is_the_median_of_every_roles_cpu_over_wall_time():
+    rows = (_softcost_block("phub", {"server": 0.3, "worker_io": 0.2, "worker_framework": 0.1}, 1.2)  # 0.5
+            + _softcost_block("phub", {"server": 0.6, "worker_io": 0.4, "worker_framework": 0.2}, 1.0, 1)  # 1.2
+            + _softcost_block("pshard", {"server": 1.0, "worker_io": 0.5, "worker_framework": 0.5}, 1.0))  # 2.0
+    rows.append(dict(rows[0], role="breakdown", cpu_seconds_per_exchange=50.0))  # not a role: left out
+    assert fitting.cores_in_use(pd.DataFrame(rows)) == pytest.approx(1.2)
+    assert math.isnan(fitting.cores_in_use(pd.DataFrame(rows[:0])))
+
+
+@pytest.mark.parametrize("cores, modelled", [(0.85, 1), (0.2, 1), (1.6, 2), (7.0, 2), (float("nan"), 2)])
+def test_the_loopback_machine_gets_the_cores_kept_busy_as_a_whole_number_within_this_machine(cores, modelled):
+    assert loopback_machine(cores).shared_cores == modelled
+    assert loopback_machine(cores).link_bytes_per_s is None
+
+
+def test_one_shared_core_serializes_every_role_so_the_time_is_the_charged_cpu():
+    # No link limit, no compute: on one core the iteration takes exactly the CPU charged for it,
+    # on two the worker's and the server's work overlap and it takes less.
+    job = _job(elements=(10 * 256,), forward=0.0, backward=0.0, workers=2, chunk_bytes=1024, groups=1)
+    costs = RoleCosts(server=Costs(per_message=1e-3), worker_io=Costs(per_message=2e-3),
+                      worker_framework=Costs(per_message=5e-4))
+    charged = charged_cpu(job, costs)
+    assert charged == pytest.approx(2 * 2 * 10 * (1e-3 + 2e-3 + 5e-4))  # 2 workers, 10 chunks, each way
+    assert simulate(job, Machine(link_bytes_per_s=None, shared_cores=1), costs) == pytest.approx(charged)
+    assert simulate(job, Machine(link_bytes_per_s=None, shared_cores=2), costs) < charged
+
+
+def test_simulate_many_replays_each_distinct_job_once_and_keeps_the_order():
+    one = (_job(workers=1), Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=math.inf), RoleCosts())
+    two = (_job(workers=1, backward=0.05), one[1], RoleCosts())
+    expected = [simulate(*one), simulate(*two)]
+    assert simulate_many([one, two, one], processes=1) == [expected[0], expected[1], expected[0]]
+    assert simulate_many([two, one], processes=2) == pytest.approx([expected[1], expected[0]], rel=1e-12)
+
+
+def test_the_section_splits_the_loopback_error_into_the_fit_and_the_cores_kept_busy():
+    points = pd.DataFrame([
+        {"regime": "software_cost", "system": "phub", "model": "alexnet", "workers": 2, "message_setting": "chunk32k",
+         "seconds": 2.0, "predicted": 1.0, "error": -0.5, "cpu_measured": 0.9, "cpu_charged": 1.0, "cores": 1},
+        {"regime": "emulated", "experiment": "breakdown", "system": "phub", "model": "googlenet", "variant": "no_compute",
+         "workers": 8, "setting": "ib56g", "seconds": 0.06, "predicted": 0.015, "error": -0.75, "wire_floor": 0.03,
+         "cpu_measured": 0.105, "cpu_charged": 0.005, "cores": None, "messages": 4000}])
+    summary = error_summary(points[points["regime"] == "emulated"], points[points["regime"] == "software_cost"])
+    text = render({}, pd.DataFrame(), points, summary, pd.DataFrame())
+    assert "| phub | 1 | 11% | 0.45 | 1 | 50% |" in text  # 1.0 / 0.9 - 1; 0.9 CPU-s over 2 s
+    assert "| breakdown | phub | googlenet | no_compute | 8 | ib56g | 0.060 | 0.015 | -75% | 2.00 | 0.105 | 0.005 | 25.0 |" in text
+    assert "a median 0.45 cores" in text

@@ -4,7 +4,8 @@
 
 Reads the run rows and the software-cost rows under --results (analysis.results; the
 software-cost rows also from a `software_cost/` folder there), fits the costs, validates and
-predicts (analysis.model.section). Takes minutes. Exit status 2 names a malformed results file.
+predicts (analysis.model.section). Takes about a minute on 2 cores (its replays run in a
+process pool, one process per core). Exit status 2 names a malformed results file.
 """
 from __future__ import annotations
 

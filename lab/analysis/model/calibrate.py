@@ -79,6 +79,8 @@ def cores_in_use(softcost: pd.DataFrame) -> float:
     exchange over its seconds per iteration, the median over blocks (NaN with no rows). On an
     idle 2-core machine a job whose work runs in parallel gets near 2; a job that shares the
     machine with other work (the committed run's load average was 5-8) gets what is left."""
+    if "role" not in softcost:
+        return float("nan")
     rows = softcost[softcost["role"].isin(ROLES)]
     if rows.empty:
         return float("nan")

@@ -130,7 +130,7 @@ def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown
     if "racks" in rows:
         rows = rows[rows["racks"].fillna(1).astype(int) == 1]
     keys = ["experiment", "point", "system", "model", "variant"]
-    for column in ("bigarray_bound", "cpu_busy"):
+    for column in ("bigarray_bound", "cpu_busy", "wire_floor_seconds"):
         if column not in rows:
             rows[column] = float("nan")
     agg = rows.groupby(keys, dropna=False).agg(
@@ -139,5 +139,5 @@ def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown
         link_gbps=("link_gbps", "first"), link_gbps_measured=("link_gbps_measured", "first"),
         s_m=("s_m", "first"), s_t=("s_t", "first"), compute=("compute", "first"),
         setting=("setting", "first"), bound=("bound", "first"), bigarray_bound=("bigarray_bound", "first"),
-        cpu_busy=("cpu_busy", "median"))
+        cpu_busy=("cpu_busy", "median"), wire_floor=("wire_floor_seconds", "median"))
     return agg.reset_index()

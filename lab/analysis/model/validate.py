@@ -46,11 +46,13 @@ def simulate_many(tasks: List[Tuple[Job, Machine, RoleCosts]], processes: int = 
     """`simulate` of every (job, machine, costs), each distinct one once, over `processes`
     worker processes (0: one per core; 1: here). Blocks until all are done; a replay's
     exception is raised here."""
-    distinct = list(dict.fromkeys(tasks))
+    # The biggest first (layers x workers, about what a replay costs), one at a time, so that
+    # no process is left with the long ones at the end.
+    distinct = sorted(dict.fromkeys(tasks), key=lambda task: -len(task[0].layers) * task[0].workers)
     processes = processes or os.cpu_count() or 1
     if processes > 1 and len(distinct) > 1:
         with ProcessPoolExecutor(max_workers=min(processes, len(distinct))) as pool:
-            seconds = list(pool.map(_simulate_one, distinct, chunksize=max(1, len(distinct) // (4 * processes))))
+            seconds = list(pool.map(_simulate_one, distinct))
     else:
         seconds = [_simulate_one(task) for task in distinct]
     found = dict(zip(distinct, seconds))
@@ -68,8 +70,9 @@ def predict_emulated(runs: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.Dat
     # What the machine's cores spent per iteration (the monitor's busy share of both cores) beside
     # what the fitted costs charge for the same exchange: the gap is CPU no role's cost holds.
     points["cpu_measured"] = points["cpu_busy"] * THIS_MACHINE_CORES * points["seconds"]
-    points["cpu_charged"] = [charged_cpu(job_from_row(row), _costs(fitted, row["system"]))
-                             for _, row in points.iterrows()]
+    jobs = [job_from_row(row) for _, row in points.iterrows()]
+    points["cpu_charged"] = [charged_cpu(job, _costs(fitted, system)) for job, system in zip(jobs, points["system"])]
+    points["messages"] = [exchange_counts(job)["worker_io"][1] for job in jobs]  # every worker's, each way
     return points
 
 
@@ -115,6 +118,23 @@ def error_summary(*frames: pd.DataFrame) -> pd.DataFrame:
             rows.append({"regime": regime, "system": system, "points": len(group),
                          "median_abs_error": float(error.median()), "worst_abs_error": float(error.max())})
     return pd.DataFrame(rows)
+
+
+def loopback_terms(points: pd.DataFrame) -> pd.DataFrame:
+    """Per system, the software-cost regime's error split into its two terms: the fitted costs
+    against the CPU the roles spent (median |charged / measured CPU - 1|), and the cores the job
+    kept busy (measured CPU over wall time, median) against the cores the replay gives it. The
+    replay's time is about charged CPU / cores, so a system whose jobs kept fewer cores busy than
+    that waited for something no role's CPU holds."""
+    rows = points[points["regime"] == "software_cost"]
+    out = []
+    for system, group in rows.groupby("system"):
+        out.append({"system": system, "points": len(group),
+                    "cpu_fit_error": float((group["cpu_charged"] / group["cpu_measured"] - 1).abs().median()),
+                    "cores_busy": float((group["cpu_measured"] / group["seconds"]).median()),
+                    "cores_modelled": int(group["cores"].iloc[0]),
+                    "median_abs_error": float(group["error"].abs().median())})
+    return pd.DataFrame(out)
 
 
 def _measured_speedups(runs: pd.DataFrame) -> Dict[tuple, float]:
@@ -195,5 +215,5 @@ def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["predict_emulated", "predict_softcost", "error_summary", "paper_predictions", "counts_check",
+__all__ = ["predict_emulated", "predict_softcost", "loopback_terms", "charged_cpu", "simulate_many", "error_summary", "paper_predictions", "counts_check",
            "CPU_SPEED_RATIOS", "PAPER"]
