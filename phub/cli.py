@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
     server.add_argument("--peers", type=_peers, default=(),
-                        help="two-phase reduction: every rack server's HOST:PORT in rack order, this one included")
+                        help="two-phase reduction: every rack server's HOST[+HOST...]:PORT (its interfaces' addresses, "
+                             "in interface order) in rack order, this one included")
     server.add_argument("--report-joins", action="store_true", help=argparse.SUPPRESS)  # for the launcher
     server.set_defaults(func=cmd_server)
 

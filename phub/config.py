@@ -28,17 +28,20 @@ def check_timeout(value, name: str = "timeout") -> float:
     return float(value)
 
 
-def check_peer(text) -> Tuple[str, int]:
-    """A rack server's discovery address HOST:PORT (IPv4 host, port 1..65535)."""
-    host, sep, port = str(text).rpartition(":")
+def check_peer(text) -> Tuple[Tuple[str, ...], int]:
+    """A rack server's addresses HOST[+HOST...]:PORT: its interfaces' IPv4 addresses in interface
+    order (the first is its discovery address) and its base port 1..65535."""
+    hosts, sep, port = str(text).rpartition(":")
+    addresses = tuple(hosts.split("+"))
     try:
-        socket.inet_aton(host)
+        for host in addresses:
+            socket.inet_aton(host)
         number = int(port)
     except (OSError, ValueError):
         number = -1
-    if not sep or not 1 <= number < 65536 or host.count(".") != 3:
-        raise ConfigError(f"--peers: {text!r} is not IPv4-HOST:PORT")
-    return host, number
+    if not sep or not 1 <= number < 65536 or any(host.count(".") != 3 for host in addresses):
+        raise ConfigError(f"--peers: {text!r} is not IPv4-HOST[+IPv4-HOST...]:PORT")
+    return addresses, number
 
 Endpoint = Tuple[str, int]
 TRANSPORTS = tuple(PATHS)  # "tcp", "verbs", "soft-verbs": the data paths' registry
@@ -102,7 +105,7 @@ class ServerConfig:
     once: bool = False  # exit when every job has ended (what the launcher wants)
     timeout: float = 300.0
     rack: int = 0  # with peers: this server's rack index ...
-    peers: Tuple[str, ...] = ()  # ... and every rack server's discovery HOST:PORT, in rack order
+    peers: Tuple[str, ...] = ()  # ... and every rack server's HOST[+HOST...]:PORT (its interfaces), in rack order
     transport: str = DEFAULT_TRANSPORT  # "tcp", or "verbs" (refused at start unless it can run here, see phub doctor),
     # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
     rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
@@ -147,8 +150,12 @@ class ServerConfig:
             raise ConfigError(f"ServerConfig.max_job_bytes (--max-job-bytes) must be an integer in "
                               f"[{MIN_JOB_BYTES}, {1 << 40}], got {self.max_job_bytes!r}")
         object.__setattr__(self, "peers", tuple(self.peers))
-        for peer in self.peers:
-            check_peer(peer)
+        for rack, peer in enumerate(self.peers):
+            hosts, _ = check_peer(peer)
+            if len(hosts) != len(self.interfaces):  # interface i of every rack links to interface i of the others
+                raise ConfigError(f"--peers: rack {rack}'s server {peer!r} lists {len(hosts)} interface address(es), "
+                                  f"this server has {len(self.interfaces)} (--interfaces); every rack's PBox must "
+                                  "have as many, listed as HOST+HOST...:PORT")
         if self.peers and (len(self.peers) < 2 or not 0 <= self.rack < len(self.peers)):
             raise ConfigError(f"ServerConfig: rack {self.rack} with peers {list(self.peers)}: "
                               "give every rack server's address (at least two) and this server's index")

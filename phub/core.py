@@ -87,13 +87,15 @@ class Core:
             link = Link(sock, self.selector, target, protocol.frame_received, self.outbox)
         return link
 
-    def _connect(self, address) -> Link:
-        """A link to another rack's server at `address`, retrying while it starts up (at most the
-        server's timeout, then ConfigError saying why)."""
+    def _connect(self, address, source: str) -> Link:
+        """A link from this server's address `source` (an ephemeral port) to another rack's server
+        at `address`, retrying while it starts up (at most the server's timeout, then ConfigError
+        saying why)."""
         deadline = time.monotonic() + self.config.timeout
         while True:
             try:
-                return self._link(socket.create_connection(address, timeout=min(5.0, self.config.timeout)))
+                return self._link(socket.create_connection(address, timeout=min(5.0, self.config.timeout),
+                                                           source_address=(source, 0)))
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise ConfigError(str(exc)) from None

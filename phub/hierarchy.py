@@ -1,35 +1,53 @@
-"""Two-phase (hierarchical) reduction across racks, with no I/O.
+"""Two-phase (hierarchical) reduction across racks, as a reduce-scatter / all-gather, with no I/O.
 
 Each rack has its own server (a PBox). Phase one is the ordinary tall aggregation of the rack's
-workers. Phase two: the rack's aggregate of a chunk (its *partial*) goes to every other rack's
-server, over the core network, and each server adds all racks' partials **in rack order**, then
-runs the optimizer. Every server does the same float32 operations on the same bytes, so every
-rack ends with bit-identical weights; rack 0's initial weights are copied to the other racks
-before training starts so that they also start identical.
+workers. Phase two runs between the racks' servers over the core network: every chunk has an
+*owner rack* (`owner_racks`: balanced, and the same on every server because every server computes
+the same chunk plan). A rack that does not own a chunk sends its aggregate of the chunk (its
+*partial*) to the owner only; the owner adds all racks' partials **in rack order** (0, 1, ...,
+R-1) into the chunk's *total* and sends the total back to every other rack. Every rack then runs
+the optimizer on the same total bytes, so every rack ends with bit-identical weights; rack 0's
+initial weights are copied to the other racks before training starts so that they also start
+identical. Per rack and round that is 2(R-1)/R of the model out (and in), where sending every
+partial to every rack (a broadcast) was R-1 models.
 
-The same core index serves the same chunks in every rack (the racks' servers have the same
-shape), so core c of rack r only talks to core c of the other racks.
+Who talks to whom: a chunk's lane is pinned to one core and one interface of a PBox, and the racks'
+PBoxes have the same shape, so core c / interface i of rack r exchanges exactly the chunks of its
+lanes with core c / interface i of the other racks, over one link per (rack, interface). The events
+below carry the chunk; the core sends them on the link of the chunk's interface.
 
-Why two partial buffers per rack (by round parity): a rack can be at most one round ahead of
-another. Its round k+1 partial may arrive while this server still waits for a third rack's round
-k partial, and must not overwrite the round k partial it already holds.
+Why one buffer of each kind per chunk is enough: a rack sends its round k+1 partial only after it
+has the round k total, which the owner sends only once it has every round k partial. So an owner
+never holds two rounds' partials, a rack's partial has left before it is rewritten, and the total
+has reached every rack before the next one is written over it. Anything else is a peer's bug.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from . import wire
 from .aggregation import ChunkState, JobState
-from .chunking import Chunk
+from .chunking import Chunk, Topology
 from .errors import ProtocolError
 
 
 @dataclass(frozen=True)
 class SendPartial:
-    """Event: send this rack's partial of a chunk (round `iteration`) to every other rack."""
+    """Event: send this rack's partial of a chunk (round `iteration`) to the chunk's owner rack."""
+
+    state: ChunkState
+    iteration: int
+    view: memoryview
+    owner: int
+
+
+@dataclass(frozen=True)
+class SendTotal:
+    """Event (the chunk's owner): send the chunk's total over all racks (round `iteration`) to
+    every other rack."""
 
     state: ChunkState
     iteration: int
@@ -51,33 +69,62 @@ class SendPeerReady:
     batch: int
 
 
+def owner_racks(chunks: Sequence[Chunk], topology: Topology, racks: int, loads: Dict[Tuple[int, int], List[int]]
+                ) -> Dict[int, int]:
+    """The owner rack of each chunk: in chunk-id order, each goes to the rack that owns the fewest
+    bytes so far on the chunk's (core, interface), so every link between two racks carries the same
+    bytes both ways. Ties go to the first rack counted from the (core, interface)'s index, so that
+    the odd chunk does not always land on rack 0. `loads` ((core, interface) -> bytes per rack) is
+    updated: pass the same dict for every batch of a job."""
+    owners = {}
+    for chunk in chunks:
+        pair = (topology.lane_core(chunk.lane), topology.lane_interface(chunk.lane))
+        rack_loads = loads.setdefault(pair, [0] * racks)
+        first = (pair[0] * topology.interfaces + pair[1]) % racks
+        owner = min(range(racks), key=lambda r: (rack_loads[r], (r - first) % racks))
+        rack_loads[owner] += chunk.nbytes
+        owners[chunk.id] = owner
+    return owners
+
+
 class HierarchicalJobState(JobState):
-    """A JobState whose rounds finish only when every rack's partial is in."""
+    """A JobState whose rounds finish when the chunk's total over every rack is in."""
 
     def __init__(self, *args, rack: int, racks: int, **kwargs):
         super().__init__(*args, **kwargs)
-        if not 0 <= rack < racks:
-            raise ValueError(f"rack {rack} outside 0..{racks - 1}")
+        if not 0 <= rack < racks or racks < 2:
+            raise ValueError(f"rack {rack} outside 0..{racks - 1} (at least two racks)")
         self.rack, self.racks = rack, racks
         self._all_racks = (1 << racks) - 1
-        self._partials: Dict[int, np.ndarray] = {}  # chunk id -> (2, racks, size) view
-        self._partial_views: Dict[int, List[List[memoryview]]] = {}
-        self._partial_mask: Dict[int, List[int]] = {}  # chunk id -> arrived racks, by parity
+        self.owner: Dict[int, int] = {}  # chunk id -> the rack that sums it
+        self._owner_loads: Dict[Tuple[int, int], List[int]] = {}
+        # Per chunk: rows of `size` floats. The owner: one partial per rack (rack order), then the
+        # total; another rack: its own partial, then the total it receives.
+        self._rows: Dict[int, np.ndarray] = {}
+        self._row_views: Dict[int, List[memoryview]] = {}
+        self._arrived: Dict[int, int] = {}  # chunk id -> racks whose partial of this round is in
         self._announced: Set[int] = set()
         self._peer_ready: Dict[int, Set[int]] = {}
 
     def _allocate(self, chunks: List[Chunk]) -> None:
         super()._allocate(chunks)
-        total = sum(c.size for c in chunks)
-        partials = np.zeros((2, self.racks, total), dtype=np.float32)
+        self.owner.update(owner_racks(chunks, self.plan.topology, self.racks, self._owner_loads))
+        heights = [self.racks + 1 if self.owner[c.id] == self.rack else 2 for c in chunks]
+        rows = np.zeros(sum(h * c.size for h, c in zip(heights, chunks)), dtype=np.float32)
         offset = 0
-        for c in chunks:
-            view = partials[:, :, offset:offset + c.size]
-            self._partials[c.id] = view
-            self._partial_views[c.id] = [[memoryview(view[p, r]).cast("B") for r in range(self.racks)]
-                                         for p in range(2)]
-            self._partial_mask[c.id] = [0, 0]
-            offset += c.size
+        for c, height in zip(chunks, heights):
+            block = rows[offset:offset + height * c.size].reshape(height, c.size)
+            self._rows[c.id] = block
+            self._row_views[c.id] = [memoryview(row).cast("B") for row in block]
+            self._arrived[c.id] = 0
+            offset += height * c.size
+
+    def interface_of(self, chunk_id: int) -> int:
+        """The interface whose link carries the chunk between racks (its lane's)."""
+        return self.plan.topology.lane_interface(self.owned[chunk_id].chunk.lane)
+
+    def _own_row(self, chunk_id: int) -> int:
+        return self.rack if self.owner[chunk_id] == self.rack else 0
 
     # -- initial weights: rack 0's win ---------------------------------------------------------
     def init_target(self, rank: int, header: wire.Header, lane: int) -> memoryview:
@@ -90,10 +137,10 @@ class HierarchicalJobState(JobState):
     def on_init(self, header: wire.Header, lane: int) -> list:
         return super().on_init(header, lane) if self.rack == 0 else []
 
-    def peer_init_target(self, from_rack: int, header: wire.Header) -> memoryview:
+    def peer_init_target(self, from_rack: int, header: wire.Header, interface: Optional[int] = None) -> memoryview:
         if from_rack != 0 or self.rack == 0:
             raise ProtocolError(f"rack {from_rack} sent initial weights; only rack 0 does, to the others")
-        state = self.owned_chunk(header)
+        state = self._rack_chunk(from_rack, header, interface)
         if state.chunk.id not in self._uninitialized.get((state.chunk.lane, state.chunk.batch), ()):
             raise ProtocolError(f"rack 0 initialized chunk {state.chunk.id} twice")
         return state.weight_view
@@ -136,45 +183,88 @@ class HierarchicalJobState(JobState):
         return len(self._peer_ready.get(batch, ())) == self.racks - 1
 
     # -- rounds ---------------------------------------------------------------------------------
-    finishes_rounds_here = False  # the round ends when every rack's partial is in
+    finishes_rounds_here = False  # the round ends when the chunk's total over every rack is in
 
     def _local_round_done(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> list:
-        iteration = state.rounds + 1
-        parity = iteration % 2
-        own = self._partials[state.chunk.id][parity, self.rack]
-        self.kernels.scale(own, acc, last, 1.0)  # the rack's sum (times 1: exact)
-        self._partial_mask[state.chunk.id][parity] |= 1 << self.rack
-        events: list = [SendPartial(state, iteration, self._partial_views[state.chunk.id][parity][self.rack])]
-        return events + self._try_finish(state)
+        cid = state.chunk.id
+        row = self._own_row(cid)
+        self.kernels.scale(self._rows[cid][row], acc, last, 1.0)  # the rack's sum (times 1: exact)
+        self._arrived[cid] |= 1 << self.rack
+        owner = self.owner[cid]
+        if owner == self.rack:
+            return self._try_sum(state)
+        return [SendPartial(state, state.rounds + 1, self._row_views[cid][row], owner)]
 
-    def partial_target(self, from_rack: int, header: wire.Header) -> memoryview:
+    def _rack_chunk(self, from_rack: int, header: wire.Header, interface: Optional[int]) -> ChunkState:
+        """The chunk a rack's data frame is for, checked against the plan and, when given, against
+        the interface whose link it came on."""
         state = self.owned_chunk(header)
-        if header.iteration not in (state.rounds + 1, state.rounds + 2):
-            raise ProtocolError(f"rack {from_rack} sent chunk {header.chunk} of round {header.iteration}; "
-                                f"this rack is at round {state.rounds + 1}")
-        parity = header.iteration % 2
-        if self._partial_mask[header.chunk][parity] >> from_rack & 1:
+        if interface is not None and self.plan.topology.lane_interface(state.chunk.lane) != interface:
+            raise ProtocolError(f"rack {from_rack} sent chunk {header.chunk} on interface {interface}'s link; "
+                                f"its lane is on interface {self.interface_of(header.chunk)}")
+        return state
+
+    def _check_round(self, from_rack: int, header: wire.Header, state: ChunkState, what: str) -> None:
+        if header.iteration != state.rounds + 1:
+            raise ProtocolError(f"rack {from_rack} sent the {what} of chunk {header.chunk} for round "
+                                f"{header.iteration}; this rack is at round {state.rounds + 1}")
+
+    def partial_target(self, from_rack: int, header: wire.Header, interface: Optional[int] = None) -> memoryview:
+        """Where another rack's partial of a chunk this rack owns goes (its row)."""
+        state = self._rack_chunk(from_rack, header, interface)
+        owner = self.owner[header.chunk]
+        if owner != self.rack:
+            raise ProtocolError(f"rack {from_rack} sent its partial of chunk {header.chunk} to rack {self.rack}; "
+                                f"rack {owner} owns that chunk")
+        if from_rack == self.rack:
+            raise ProtocolError(f"rack {from_rack} sent a partial to itself")
+        self._check_round(from_rack, header, state, "partial")
+        if self._arrived[header.chunk] >> from_rack & 1:
             raise ProtocolError(f"rack {from_rack} sent chunk {header.chunk} of round {header.iteration} twice")
-        return self._partial_views[header.chunk][parity][from_rack]
+        return self._row_views[header.chunk][from_rack]
 
     def on_partial(self, from_rack: int, header: wire.Header) -> list:
-        state = self.owned[header.chunk]
-        self._partial_mask[header.chunk][header.iteration % 2] |= 1 << from_rack
-        return self._try_finish(state) if header.iteration == state.rounds + 1 else []
+        self._arrived[header.chunk] |= 1 << from_rack
+        return self._try_sum(self.owned[header.chunk])
 
-    def _try_finish(self, state: ChunkState) -> list:
-        parity = (state.rounds + 1) % 2
-        masks = self._partial_mask[state.chunk.id]
-        if masks[parity] != self._all_racks:
+    def _try_sum(self, state: ChunkState) -> list:
+        """The owner: once every rack's partial is in, add them in rack order into the total, send
+        it to the other racks and finish the round on it."""
+        cid = state.chunk.id
+        if self._arrived[cid] != self._all_racks:
             return []
-        masks[parity] = 0
-        parts = self._partials[state.chunk.id][parity]
-        acc = state.acc  # the rack sum was taken out of it; reuse it for the total
-        self.kernels.aggregate(acc, parts[0], True)
-        for rack in range(1, self.racks - 1):
-            self.kernels.aggregate(acc, parts[rack], False)
-        return [self.finish_round(state, acc, parts[self.racks - 1])]
+        self._arrived[cid] = 0
+        rows = self._rows[cid]
+        total = rows[self.racks]
+        self.kernels.scale(total, rows[0], rows[1], 1.0)
+        for rack in range(2, self.racks):
+            self.kernels.aggregate(total, rows[rack], False)
+        return [SendTotal(state, state.rounds + 1, self._row_views[cid][self.racks]),
+                self.finish_round(state, total, None)]
+
+    def total_target(self, from_rack: int, header: wire.Header, interface: Optional[int] = None) -> memoryview:
+        """Where the owner's total of a chunk goes, on a rack that sent it its partial."""
+        state = self._rack_chunk(from_rack, header, interface)
+        owner = self.owner[header.chunk]
+        if from_rack != owner:
+            raise ProtocolError(f"rack {from_rack} sent the total of chunk {header.chunk}; rack {owner} owns it")
+        if owner == self.rack:
+            raise ProtocolError(f"rack {from_rack} sent a total to itself")
+        self._check_round(from_rack, header, state, "total")
+        if not self._arrived[header.chunk] >> self.rack & 1:
+            raise ProtocolError(f"rack {from_rack} sent the total of chunk {header.chunk} for round {header.iteration} "
+                                "before this rack sent its partial")
+        return self._row_views[header.chunk][1]
+
+    def on_total(self, from_rack: int, header: wire.Header) -> list:
+        state = self.owned[header.chunk]
+        self._arrived[header.chunk] = 0
+        return [self.finish_round(state, self._rows[header.chunk][1], None)]
 
     def missing_racks(self, state: ChunkState) -> List[int]:
-        mask = self._partial_mask[state.chunk.id][(state.rounds + 1) % 2]
-        return [r for r in range(self.racks) if not mask >> r & 1]
+        """The racks a chunk's round waits for: the owner's total, or (on the owner) partials."""
+        cid = state.chunk.id
+        owner = self.owner[cid]
+        if owner != self.rack:
+            return [owner] if self._arrived[cid] else []
+        return [r for r in range(self.racks) if not self._arrived[cid] >> r & 1]

@@ -154,7 +154,8 @@ def server_configs(cluster: Cluster, config: ServerConfig, num_workers: int) -> 
         raise ConfigError("several jobs run on one rack's PBox; a cross-rack run takes one job")
     port = config.port or cluster.extra.get("port") or free_port(
         cluster.servers[0], [a for node in cluster.servers for a in node.addresses], config.cores)
-    peers = tuple(f"{node.addresses[0]}:{port}" for node in cluster.servers)
+    # every interface of every PBox: core c / interface i of each rack links to core c / interface i of the others
+    peers = tuple(f"{'+'.join(node.addresses)}:{port}" for node in cluster.servers)
     configs = []
     for rack, node in enumerate(cluster.servers):
         ranks = [w for w, worker in enumerate(cluster.workers) if worker.rack == rack]

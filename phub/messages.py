@@ -30,7 +30,7 @@ MAX_MESSAGE = 1 << 16  # characters of an ERROR message kept
 CHUNK_OVERHEAD = 1024  # bytes each chunk counts against the job's budget besides its values
 
 _HELLO_FIELDS = frozenset({"job", "token", "rank", "num_workers", "lane", "shard", "shards", "rdma",
-                           "peer_rack", "core"})
+                           "peer_rack", "core", "interface"})
 
 
 def _integer(message: str, name: str, value, low: int, high: int) -> int:
@@ -72,6 +72,7 @@ class Limits:
     racks: int = 1
     chunk_bytes: int = 32 * 1024
     max_job_bytes: int = DEFAULT_MAX_JOB_BYTES
+    interfaces: int = 1
 
 
 class Hello(NamedTuple):
@@ -83,12 +84,13 @@ class Hello(NamedTuple):
     shard: Tuple[int, int]  # (this server's index, number of shards)
     rdma: Optional[dict]
     peer_rack: Optional[int]  # set on a link between rack servers ...
-    core: Optional[int]  # ... with the core it is for
+    core: Optional[int]  # ... with the core it is for ...
+    interface: Optional[int] = None  # ... and the interface (the same index on both servers)
 
 
 def hello(body: dict, limits: Limits) -> Hello:
     """A HELLO, from a worker (job, token, rank, num_workers, lane, shard, shards, rdma) or from
-    another rack's server (job, token, peer_rack, core)."""
+    another rack's server (job, token, peer_rack, core, interface)."""
     extra = sorted(str(k)[:40] for k in body if k not in _HELLO_FIELDS)
     if extra:
         raise ProtocolError(f"HELLO has unknown field(s) {extra[:5]}")
@@ -99,7 +101,8 @@ def hello(body: dict, limits: Limits) -> Hello:
     if "peer_rack" in body:
         rack = _integer("HELLO", "peer_rack", body["peer_rack"], 0, limits.racks - 1)
         core = _integer("HELLO", "core", body.get("core"), 0, limits.cores - 1)
-        return Hello(job, token, -1, 0, 0, (0, 1), None, rack, core)
+        interface = _integer("HELLO", "interface", body.get("interface"), 0, limits.interfaces - 1)
+        return Hello(job, token, -1, 0, 0, (0, 1), None, rack, core, interface)
     rank = _integer("HELLO", "rank", body.get("rank"), 0, MAX_WORKERS - 1)
     num_workers = _integer("HELLO", "num_workers", body.get("num_workers"), 1, MAX_WORKERS)
     shards = _integer("HELLO", "shards", body.get("shards", 1), 1, MAX_SHARDS)

@@ -55,7 +55,8 @@ class Kind(enum.IntEnum):
     RESULT = 8  # server -> client, data: one chunk of new weights (or of the aggregate)
     BYE = 9  # client -> server: clean close
     ERROR = 10  # either way, JSON {"message": ...}: the sender gives up on the job
-    PARTIAL = 11  # rack server -> rack server, data: a chunk aggregated over one rack's workers
+    PARTIAL = 11  # rack server -> the chunk's owner rack's server, data: a chunk aggregated over one
+    # rack's workers
     PEER_READY = 12  # rack server -> rack server, JSON {"batch"}: this core registered a batch
     SHARE = 13  # JSON {"name", "value"}: rank 0's value for every worker of the job (a rendezvous
     # for what is not a tensor): rank 0 -> its server, server -> every worker (rank 0 too), and
@@ -63,9 +64,11 @@ class Kind(enum.IntEnum):
     STATE_REQUEST = 14  # worker -> server, JSON {}: send this lane's optimizer state (checkpoints)
     STATE = 15  # data: one chunk's optimizer state (the momentum, zeros if none): server -> the
     # worker that asked; a server's first worker -> server, to resume from a checkpoint
+    TOTAL = 16  # a chunk's owner rack's server -> the other racks' servers, data: the chunk summed
+    # over every rack (phub.hierarchy)
 
 
-DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL, Kind.STATE})
+DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL, Kind.STATE, Kind.TOTAL})
 _KIND_BY_VALUE = {int(k): k for k in Kind}
 
 

@@ -48,9 +48,9 @@ def test_a_worker_hello_is_refused_naming_why(fields, words):
 def test_an_ended_job_admits_no_one_not_even_a_rack():
     job = server_job(ended="")
     assert "has already ended" in job.refusal(hello())
-    assert "has already ended" in job.refusal(messages.hello({"job": 7, "token": "s3cret", "peer_rack": 1, "core": 0},
+    assert "has already ended" in job.refusal(messages.hello({"job": 7, "token": "s3cret", "peer_rack": 1, "core": 0, "interface": 0},
                                                               LIMITS))
-    assert server_job().refusal(messages.hello({"job": 7, "token": "s3cret", "peer_rack": 1, "core": 0},
+    assert server_job().refusal(messages.hello({"job": 7, "token": "s3cret", "peer_rack": 1, "core": 0, "interface": 0},
                                                LIMITS)) is None  # a rack's rank and worker count are not checked
 
 

@@ -1,22 +1,30 @@
 """Two-phase reduction (phub.hierarchy.HierarchicalJobState), driven directly: one state machine
-per rack's server core, joined by an in-memory exchange of their events instead of sockets. Every
-rack must end with rack 0's initial weights, the same bit-identical weights after every round
-(the closed form), and refuse what a peer rack gets wrong."""
+per (rack, core) of PBoxes with several cores and interfaces, joined by in-memory links, one per
+(rack pair, core, interface), that deliver in a random (seeded) interleaving instead of sockets.
+Every rack must end with rack 0's initial weights, the same bit-identical weights after every
+round (the closed form), send each chunk on its own interface's link, move 2(R-1)/R of the model
+per round (reduce-scatter / all-gather, not a broadcast), and refuse what a peer rack gets wrong."""
+import random
+from collections import deque
+
 import numpy as np
 import pytest
 
 from phub import wire
 from phub.aggregation import ReadyLane, Result
-from phub.chunking import Topology
-from phub.hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
+from phub.chunking import ChunkPlan, Topology
+from phub.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
+                            owner_racks)
 from phub.kernels import get_backend
 from phub.optim import SGD
 from conftest import refused
 
-CHUNK_BYTES = 512
-ARRAYS = [["w", 300], ["b", 7]]
+CHUNK_BYTES = 512  # 128 floats
+ARRAYS = [["w", 1500], ["b", 7], ["v", 300]]  # 16 chunks: about 4 per (core, interface) below
 LR = 0.5
 WORKERS_PER_RACK = 2
+SHAPE = Topology(interfaces=2, cores=2)
+K = wire.Kind
 
 
 def header(kind, chunk, nbytes, sender=0, iteration=0):
@@ -24,67 +32,120 @@ def header(kind, chunk, nbytes, sender=0, iteration=0):
 
 
 class Racks:
-    """One core's state machine per rack, and what their events make the others do."""
+    """Every (rack, core)'s state machine, and the links between them: a FIFO per (from rack, to
+    rack, core, interface), delivered in the order a seeded random generator picks."""
 
-    def __init__(self, racks):
-        self.states = [HierarchicalJobState(0, WORKERS_PER_RACK, Topology(interfaces=1, cores=1), CHUNK_BYTES, 0,
-                                            get_backend("fast"), rack=r, racks=racks,
-                                            total_workers=racks * WORKERS_PER_RACK) for r in range(racks)]
+    def __init__(self, racks, topology=SHAPE, seed=0):
+        self.topology = topology
+        self.states = [[HierarchicalJobState(0, WORKERS_PER_RACK, topology, CHUNK_BYTES, core, get_backend("fast"),
+                                             rack=r, racks=racks, total_workers=racks * WORKERS_PER_RACK)
+                        for core in range(topology.cores)] for r in range(racks)]
+        self.links = {}  # (from, to, core, interface) -> deque of frames in flight
+        self.sent_bytes = {}  # (from, to, interface) -> data bytes sent
         self.ready = [set() for _ in range(racks)]  # (lane, batch) each rack told its workers
         self.results = [dict() for _ in range(racks)]  # chunk id -> the last result sent to workers
+        self.random = random.Random(seed)
 
-    def deliver(self, rack, events, hold=()):
-        """Act on `rack`'s events as its transport would; SendPartials to racks in `hold` are returned."""
-        held = []
+    @property
+    def racks(self):
+        return len(self.states)
+
+    def chunk_ids(self, core):
+        return sorted(self.states[0][core].owned)
+
+    def send(self, rack, to, core, interface, kind, cid=0, iteration=0, payload=b""):
+        self.links.setdefault((rack, to, core, interface), deque()).append((kind, cid, iteration, bytes(payload)))
+        if payload:
+            key = (rack, to, interface)
+            self.sent_bytes[key] = self.sent_bytes.get(key, 0) + len(payload)
+
+    def act(self, rack, core, events):
+        """What the rack's core sends for its events (as phub.protocol.server does)."""
+        state = self.states[rack][core]
         for event in events:
-            if isinstance(event, SendPeerReady):
+            if isinstance(event, SendPeerReady):  # control frames: interface 0's link
                 for other in self.others(rack):
-                    self.deliver(other, self.states[other].on_peer_ready(rack, event.batch))
+                    self.send(rack, other, core, 0, K.PEER_READY, event.batch)
             elif isinstance(event, SendPeerInit):
-                target = self.states[event.rack]
                 for chunk in event.chunks:
-                    h = header(wire.Kind.INIT, chunk.chunk.id, chunk.chunk.nbytes)
-                    target.peer_init_target(rack, h)[:] = chunk.weight_view
-                    self.deliver(event.rack, target.on_peer_init(h))
+                    self.send(rack, event.rack, core, state.interface_of(chunk.chunk.id), K.INIT, chunk.chunk.id,
+                              0, chunk.weight_view)
             elif isinstance(event, SendPartial):
+                assert event.owner != rack
+                self.send(rack, event.owner, core, state.interface_of(event.state.chunk.id), K.PARTIAL,
+                          event.state.chunk.id, event.iteration, event.view)
+            elif isinstance(event, SendTotal):
                 for other in self.others(rack):
-                    if other in hold:
-                        held.append((rack, other, event, bytes(event.view)))
-                    else:
-                        self.land_partial(rack, other, event, bytes(event.view))
+                    self.send(rack, other, core, state.interface_of(event.state.chunk.id), K.TOTAL,
+                              event.state.chunk.id, event.iteration, event.view)
             elif isinstance(event, ReadyLane):
                 self.ready[rack].add((event.lane, event.batch))
             elif isinstance(event, Result):
                 self.results[rack][event.state.chunk.id] = np.frombuffer(event.state.result_view, np.float32).copy()
             else:
                 raise AssertionError(f"unexpected event {event!r}")
-        return held
 
-    def land_partial(self, from_rack, rack, event, payload):
-        h = header(wire.Kind.PARTIAL, event.state.chunk.id, event.state.chunk.nbytes, from_rack, event.iteration)
-        self.states[rack].partial_target(from_rack, h)[:] = payload
-        self.deliver(rack, self.states[rack].on_partial(from_rack, h))
+    def deliver(self, link):
+        """The next frame on `link` lands at its receiver, as a link hands it to the protocol."""
+        rack, to, core, interface = link
+        kind, cid, iteration, payload = self.links[link].popleft()
+        state = self.states[to][core]
+        if kind is K.PEER_READY:
+            return self.act(to, core, state.on_peer_ready(rack, cid))
+        h = header(kind, cid, len(payload), rack, iteration)
+        target, landed = {K.INIT: (state.peer_init_target, state.on_peer_init),
+                          K.PARTIAL: (state.partial_target, lambda h: state.on_partial(rack, h)),
+                          K.TOTAL: (state.total_target, lambda h: state.on_total(rack, h))}[kind]
+        target(rack, h, interface)[:] = payload
+        self.act(to, core, landed(h))
+
+    def pump(self, at_most=None):
+        """Deliver frames in flight, a random link's next one at a time (all of them by default)."""
+        moved = 0
+        while at_most is None or moved < at_most:
+            busy = [link for link, frames in self.links.items() if frames]
+            if not busy:
+                return
+            self.deliver(self.random.choice(sorted(busy)))
+            moved += 1
 
     def others(self, rack):
-        return [r for r in range(len(self.states)) if r != rack]
+        return [r for r in range(self.racks) if r != rack]
 
     def register_and_init(self):
-        for rack, state in enumerate(self.states):
-            for rank in range(WORKERS_PER_RACK):
-                self.deliver(rack, state.register(rank, 0, 0, ARRAYS))
-            for cid, chunk in sorted(state.owned.items()):
-                h = header(wire.Kind.INIT, cid, chunk.chunk.nbytes)
-                value = 1.0 if rack == 0 else 99.0  # only rack 0's initial weights may count
-                state.init_target(0, h, 0)[:] = np.full(chunk.chunk.size, value, np.float32).tobytes()
-                self.deliver(rack, state.on_init(h, 0))
-            state.set_optimizer(0, SGD(learning_rate=LR))
+        for rack, cores in enumerate(self.states):
+            for core, state in enumerate(cores):
+                for lane in sorted(state.lanes):
+                    for rank in range(WORKERS_PER_RACK):
+                        self.act(rack, core, state.register(rank, lane, 0, ARRAYS))
+                for cid, chunk in sorted(state.owned.items()):
+                    h = header(K.INIT, cid, chunk.chunk.nbytes)
+                    value = 1.0 if rack == 0 else 99.0  # only rack 0's initial weights may count
+                    weights = np.full(chunk.chunk.size, value, np.float32)
+                    state.init_target(0, h, chunk.chunk.lane)[:] = weights.tobytes()
+                    self.act(rack, core, state.on_init(h, chunk.chunk.lane))
+                for lane in state.lanes:
+                    state.set_optimizer(lane, SGD(learning_rate=LR))
+            self.pump(3)  # some frames travel while the other racks are still registering
+        self.pump()
 
-    def push(self, rack, cid, rank, iteration, hold=()):
-        state = self.states[rack]
+    def push(self, rack, core, cid, rank, iteration):
+        state = self.states[rack][core]
         chunk = state.owned[cid].chunk
-        h = header(wire.Kind.PUSH, cid, chunk.nbytes, rank, iteration)
-        state.push_target(rank, h, 0)[:] = gradient(cid, chunk.size, rack, rank, iteration).tobytes()
-        return self.deliver(rack, state.on_push(rank, h), hold)
+        h = header(K.PUSH, cid, chunk.nbytes, rank, iteration)
+        state.push_target(rank, h, chunk.lane)[:] = gradient(cid, chunk.size, rack, rank, iteration).tobytes()
+        self.act(rack, core, state.on_push(rank, h))
+
+    def run_round(self, iteration):
+        """Every worker of every rack pushes every chunk, in a random order, with frames between racks
+        delivered in between; then everything in flight lands."""
+        pushes = [(rack, core, cid, rank) for rack in range(self.racks) for core in range(self.topology.cores)
+                  for cid in self.chunk_ids(core) for rank in range(WORKERS_PER_RACK)]
+        self.random.shuffle(pushes)
+        for rack, core, cid, rank in pushes:
+            self.push(rack, core, cid, rank, iteration)
+            self.pump(self.random.randrange(3))
+        self.pump()
 
 
 def gradient(cid, size, rack, rank, iteration):
@@ -92,77 +153,119 @@ def gradient(cid, size, rack, rank, iteration):
 
 
 def expected(size, racks, iteration):
+    """The weights after `iteration` SGD rounds from 1.0 (every value exact in float32)."""
     workers = racks * WORKERS_PER_RACK
     moved = LR * iteration * (iteration + 1) / 2 * workers * (workers + 1) / 2 * (np.arange(size) % 3 + 1)
     return (1 - moved).astype(np.float32)
 
 
-@pytest.mark.parametrize("racks", [2, 3])
-def test_every_rack_starts_from_rack_0s_weights_and_ends_each_round_identical(racks):
-    bus = Racks(racks)
+@pytest.mark.parametrize("racks, seed", [(2, 0), (3, 1), (4, 2)])
+def test_every_rack_ends_each_round_with_the_same_bits_as_the_closed_form(racks, seed):
+    bus = Racks(racks, seed=seed)
     bus.register_and_init()
-    assert all(ready == {(0, 0)} for ready in bus.ready)
-    for state in bus.states:
-        for chunk in state.owned.values():
-            np.testing.assert_array_equal(chunk.weight, np.ones(chunk.chunk.size, np.float32))
-    for iteration in (1, 2):
-        for cid in sorted(bus.states[0].owned):
-            for rack in range(racks):
-                for rank in range(WORKERS_PER_RACK):
-                    bus.push(rack, cid, rank, iteration)
-            size = bus.states[0].owned[cid].chunk.size
-            for rack in range(racks):
-                np.testing.assert_array_equal(bus.results[rack][cid], expected(size, racks, iteration))
+    lanes = {(lane, 0) for lane in range(SHAPE.lanes)}
+    assert all(ready == lanes for ready in bus.ready)
+    for cores in bus.states:  # rack 0's initial weights everywhere
+        for state in cores:
+            for chunk in state.owned.values():
+                np.testing.assert_array_equal(chunk.weight, np.ones(chunk.chunk.size, np.float32))
+    for iteration in (1, 2, 3):
+        bus.run_round(iteration)
+        for core in range(SHAPE.cores):
+            for cid in bus.chunk_ids(core):
+                size = bus.states[0][core].owned[cid].chunk.size
+                for rack in range(racks):
+                    np.testing.assert_array_equal(bus.results[rack][cid], expected(size, racks, iteration))
+                    assert bus.states[rack][core].owned[cid].weight.tobytes() == \
+                        bus.states[0][core].owned[cid].weight.tobytes(), f"rack {rack} chunk {cid}"
 
 
-def test_a_rack_one_round_ahead_keeps_both_rounds_partials_apart():
+def test_each_chunk_travels_on_its_interface_and_a_rack_sends_2_r_minus_1_over_r_of_the_model():
+    racks = 4
+    bus = Racks(racks, seed=3)
+    bus.register_and_init()
+    bus.sent_bytes.clear()  # the initial weights are sent once, before training
+    bus.run_round(1)
+    model = sum(n for _, n in ARRAYS) * 4
+    for rack in range(racks):
+        for interface in range(SHAPE.interfaces):
+            mine = [(s.owned[cid].chunk.nbytes, s.owner[cid] == rack) for s in bus.states[rack] for cid in s.owned
+                    if s.interface_of(cid) == interface]
+            out = sum(n for (src, _, i), n in bus.sent_bytes.items() if src == rack and i == interface)
+            into = sum(n for (_, dst, i), n in bus.sent_bytes.items() if dst == rack and i == interface)
+            # each link carries its own chunks only: a partial of each chunk another rack owns, the
+            # total of each chunk this rack owns to every other rack (and as much comes back) ...
+            assert out == into == sum(n * (racks - 1) if owned else n for n, owned in mine), (rack, interface)
+            # ... which is 2(R-1)/R of the interface's chunks, within a chunk per (core, interface)
+            share = 2 * (racks - 1) / racks * sum(n for n, _ in mine)
+            assert abs(out - share) <= (racks - 1) * SHAPE.cores * CHUNK_BYTES, (rack, interface, out, share)
+            assert abs(into - share) <= (racks - 1) * SHAPE.cores * CHUNK_BYTES, (rack, interface, into, share)
+        total_out = sum(n for (src, _, _), n in bus.sent_bytes.items() if src == rack)
+        assert total_out < (racks - 1) * model * 0.6  # a broadcast would send (R-1) models
+
+
+def test_owners_are_balanced_per_core_and_interface_and_the_same_for_every_rack():
+    topology = Topology(interfaces=2, cores=3)
+    plan = ChunkPlan(topology, CHUNK_BYTES)
+    loads = {}
+    owners = owner_racks(plan.add_arrays([("a", 128 * 50 + 5), ("b", 128 * 31)]), topology, 3, loads)
+    owners.update(owner_racks(plan.add_arrays([("c", 128 * 20)]), topology, 3, loads))
+    assert set(owners) == {c.id for c in plan.chunks} and set(owners.values()) == {0, 1, 2}
+    for pair, per_rack in loads.items():
+        assert max(per_rack) - min(per_rack) <= CHUNK_BYTES, (pair, per_rack)
+    again = ChunkPlan(topology, CHUNK_BYTES)  # another server computes the same owners
+    same = owner_racks(again.add_arrays([("a", 128 * 50 + 5), ("b", 128 * 31)]), topology, 3, {})
+    assert same == {cid: rack for cid, rack in owners.items() if cid in same}
+
+
+def test_what_a_peer_rack_gets_wrong_is_refused():
     bus = Racks(3)
     bus.register_and_init()
-    cid = min(bus.states[0].owned)
-    held = []
-    for rack in (0, 1):  # racks 0 and 1 finish round 1; rack 2's partial of round 1 is late
-        for rank in range(WORKERS_PER_RACK):
-            bus.push(rack, cid, rank, 1)
-    for rank in range(WORKERS_PER_RACK):
-        held += bus.push(2, cid, rank, 1, hold=(0, 1))
-    assert cid not in bus.results[0] and cid not in bus.results[1] and cid in bus.results[2]
-    assert bus.states[0].missing_racks(bus.states[0].owned[cid]) == [2]
-    for rank in range(WORKERS_PER_RACK):  # rack 2 is already in round 2: its partial lands early
-        held += bus.push(2, cid, rank, 2, hold=(0, 1))
-    for from_rack, rack, event, payload in held:  # round 1's late partials, then round 2's
-        bus.land_partial(from_rack, rack, event, payload)
-    size = bus.states[0].owned[cid].chunk.size
-    for rack in (0, 1):
-        np.testing.assert_array_equal(bus.results[rack][cid], expected(size, 3, 1))
-        assert bus.states[rack].owned[cid].rounds == 1
-    for rack in (0, 1):
-        for rank in range(WORKERS_PER_RACK):
-            bus.push(rack, cid, rank, 2)
-    for rack in range(3):
-        np.testing.assert_array_equal(bus.results[rack][cid], expected(size, 3, 2))
+    core = 0
+    states = [bus.states[r][core] for r in range(3)]
+    cid = bus.chunk_ids(core)[0]
+    owner = states[0].owner[cid]
+    other, third = [r for r in range(3) if r != owner]
+    nbytes = states[0].owned[cid].chunk.nbytes
+    interface = states[0].interface_of(cid)
+    wrong = 1 - interface
+
+    def partial(iteration=1, sender=other):
+        return header(K.PARTIAL, cid, nbytes, sender, iteration)
+
+    refused(lambda: states[third].partial_target(other, partial(), interface), f"rack {owner} owns that chunk")
+    refused(lambda: states[owner].partial_target(other, partial(), wrong),
+            f"on interface {wrong}'s link", f"on interface {interface}")
+    refused(lambda: states[owner].partial_target(other, partial(3), interface), "round 3", "round 1")
+    states[owner].partial_target(other, partial(), interface)
+    states[owner].on_partial(other, partial())
+    refused(lambda: states[owner].partial_target(other, partial(), interface), "twice")
+    total = header(K.TOTAL, cid, nbytes, owner, 1)
+    refused(lambda: states[other].total_target(owner, total, interface), "before this rack sent its partial")
+    refused(lambda: states[other].total_target(third, total, interface), f"rack {owner} owns it")
+    refused(lambda: states[owner].total_target(owner, total, interface), "to itself")
+    if owner != 0:
+        refused(lambda: states[owner].peer_init_target(0, header(K.INIT, cid, nbytes), interface), "twice")
+    refused(lambda: states[0].peer_init_target(1, header(K.INIT, cid, nbytes), interface), "only rack 0")
+    refused(lambda: states[1].on_peer_ready(0, 0), "PEER_READY for batch 0 twice")
+    refused(lambda: states[1].on_peer_ready(0, -1), "PEER_READY for batch -1")
 
 
-def test_what_a_peer_rack_gets_wrong_isrefused():
-    bus = Racks(2)
+def test_a_stalled_round_names_the_rack_it_waits_for():
+    bus = Racks(2, topology=Topology())
     bus.register_and_init()
-    rack1 = bus.states[1]
-    cid, chunk = min(rack1.owned.items())
-    nbytes = chunk.chunk.nbytes
-    refused(lambda: rack1.peer_init_target(1, header(wire.Kind.INIT, cid, nbytes)), "only rack 0")
-    refused(lambda: bus.states[0].peer_init_target(1, header(wire.Kind.INIT, cid, nbytes)), "only rack 0")
-    refused(lambda: rack1.peer_init_target(0, header(wire.Kind.INIT, cid, nbytes)), "twice")
-    refused(lambda: rack1.partial_target(0, header(wire.Kind.PARTIAL, cid, nbytes, 0, 3)), "round 3", "round 1")
-    h = header(wire.Kind.PARTIAL, cid, nbytes, 0, 1)
-    rack1.partial_target(0, h)
-    rack1.on_partial(0, h)
-    refused(lambda: rack1.partial_target(0, h), "twice")
-    refused(lambda: rack1.on_peer_ready(0, 0), "PEER_READY for batch 0 twice")
-    refused(lambda: rack1.on_peer_ready(0, -1), "PEER_READY for batch -1")
+    rack0, rack1 = bus.states[0][0], bus.states[1][0]
+    cid = next(c for c in bus.chunk_ids(0) if rack0.owner[c] == 1)  # rack 1 sums it
+    for rank in range(WORKERS_PER_RACK):
+        bus.push(0, 0, cid, rank, 1)
+    assert rack0.missing_racks(rack0.owned[cid]) == [1]  # rack 0 waits for rack 1's total
+    bus.pump()
+    assert rack1.missing_racks(rack1.owned[cid]) == [1]  # rack 1 has rack 0's partial, not its own
 
 
 def test_a_rack_is_not_ready_before_its_peers_registered():
-    bus = Racks(2)
-    rack0, rack1 = bus.states
+    bus = Racks(2, topology=Topology())
+    rack0, rack1 = (cores[0] for cores in bus.states)
     for rank in range(WORKERS_PER_RACK):
         events = rack1.register(rank, 0, 0, ARRAYS)
     assert [type(e) for e in events] == [SendPeerReady]  # rack 1 waits only for rack 0's weights
@@ -170,7 +273,7 @@ def test_a_rack_is_not_ready_before_its_peers_registered():
         events = rack0.register(rank, 0, 0, ARRAYS)
     assert events == []  # rack 0 announces itself only once its weights are in
     for cid, chunk in sorted(rack0.owned.items()):
-        h = header(wire.Kind.INIT, cid, chunk.chunk.nbytes)
+        h = header(K.INIT, cid, chunk.chunk.nbytes)
         rack0.init_target(0, h, 0)
         events = rack0.on_init(h, 0)
     assert [type(e) for e in events] == [SendPeerReady]

@@ -12,7 +12,7 @@ from phub import messages
 from phub.errors import ProtocolError
 from phub.optim import NAG, SGD
 
-LIMITS = messages.Limits(frozenset({0, 1}), cores=2, racks=2, chunk_bytes=32768, max_job_bytes=1 << 24)
+LIMITS = messages.Limits(frozenset({0, 1}), cores=2, racks=2, chunk_bytes=32768, max_job_bytes=1 << 24, interfaces=2)
 HELLO = {"job": 1, "token": "t", "rank": 0, "num_workers": 2, "lane": 0, "shard": 0, "shards": 1}
 
 json_values = st.recursive(
@@ -25,8 +25,21 @@ json_values = st.recursive(
 def test_a_valid_hello_and_its_defaults():
     hello = messages.hello(HELLO, LIMITS)
     assert (hello.job, hello.rank, hello.lane, hello.shard, hello.peer_rack) == (1, 0, 0, (0, 1), None)
-    rack = messages.hello({"job": 0, "token": "", "peer_rack": 1, "core": 1}, LIMITS)
-    assert (rack.peer_rack, rack.core) == (1, 1)
+    rack = messages.hello({"job": 0, "token": "", "peer_rack": 1, "core": 1, "interface": 1}, LIMITS)
+    assert (rack.peer_rack, rack.core, rack.interface) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("interface, words", [
+    (None, "HELLO.interface must be an integer, got None"),  # a rack's link says which interface it is
+    (2, "HELLO.interface = 2 is outside [0, 1]"),
+    ("0", "HELLO.interface must be an integer, got '0'"),
+])
+def test_a_rack_hello_names_a_known_interface(interface, words):
+    body = {"job": 0, "token": "", "peer_rack": 1, "core": 1}
+    if interface is not None:
+        body["interface"] = interface
+    with pytest.raises(ProtocolError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        messages.hello(body, LIMITS)
 
 
 @pytest.mark.parametrize("field, value, words", [
@@ -103,7 +116,7 @@ def _only_protocol_errors(call):
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(messages._HELLO_FIELDS)), json_values, st.booleans())
 def test_arbitrary_hello_fields_raise_only_protocol_errors(field, value, rack):
-    base = {"job": 0, "token": "", "peer_rack": 0, "core": 0} if rack else dict(HELLO)
+    base = {"job": 0, "token": "", "peer_rack": 0, "core": 0, "interface": 0} if rack else dict(HELLO)
     _only_protocol_errors(lambda: messages.hello({**base, field: value}, LIMITS))
 
 

@@ -14,7 +14,7 @@ from phub.kernels import get_backend
 from phub.optim import SGD
 from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
 from phub.protocol.server import CoreProtocol, drain_pushes
-from phub.testing import FakeClock, MemoryConnection, feed
+from phub.testing import FakeClock, MemoryConnection, feed, frames_of
 from conftest import refused
 
 K = wire.Kind
@@ -32,30 +32,30 @@ class Dropped(Exception):
 class Core:
     """A CoreProtocol with what it logged and reported, and helpers that speak for workers."""
 
-    def __init__(self, workers=2, first_rank=0, total_workers=None, **config):
+    def __init__(self, workers=2, first_rank=0, total_workers=None, interfaces=("198.18.0.1",), **config):
         self.clock = FakeClock()
         self.logs, self.reports = [], []
         spec = JobSpec(0, workers, TOKEN, first_rank=first_rank, total_workers=total_workers or workers)
-        self.config = ServerConfig(jobs=(spec,), interfaces=("198.18.0.1",), chunk_bytes=CHUNK_BYTES,
+        self.config = ServerConfig(jobs=(spec,), interfaces=interfaces, chunk_bytes=CHUNK_BYTES,
                                    timeout=TIMEOUT, once=True, **config)
-        self.opened = []
-        self.protocol = CoreProtocol(self.config, 0, [[("198.18.0.1", 9000)]], get_backend("reference"),
-                                     open_connection=self._open, log=self.logs.append,
+        self.opened = []  # (address, source address, connection) of each link to another rack
+        self.protocol = CoreProtocol(self.config, 0, [[(address, 9000) for address in interfaces]],
+                                     get_backend("reference"), open_connection=self._open, log=self.logs.append,
                                      report=self.reports.append, clock=self.clock)
 
-    def _open(self, address):
-        conn = MemoryConnection(f"to {address[0]}:{address[1]}")
-        self.opened.append((address, conn))
+    def _open(self, address, source):
+        conn = MemoryConnection(f"{source} to {address[0]}:{address[1]}")
+        self.opened.append((address, source, conn))
         return conn
 
     @property
     def job(self):
         return self.protocol.jobs[0]
 
-    def connect(self, name="", address="198.18.0.2"):
+    def connect(self, name="", address="198.18.0.2", interface=0):
         conn = MemoryConnection(name)
         assert self.protocol.refusal(address) is None
-        self.protocol.connection_made(conn, 0, address)
+        self.protocol.connection_made(conn, interface, address)
         return conn
 
     def send(self, conn, data: bytes):
@@ -439,59 +439,149 @@ def test_a_job_nobody_connects_to_ends_after_the_timeout_naming_the_ranks():
 
 
 # -- two racks --------------------------------------------------------------------------------
+RACK_PEERS = ("198.18.0.1+198.18.0.2:9000", "198.18.1.1+198.18.1.2:9100")  # two interfaces each
+RACK_INTERFACES = (("198.18.0.1", "198.18.0.2"), ("198.18.1.1", "198.18.1.2"))
+
+
+def rack_hello(rack, interface=0):
+    return wire.control_frame(K.HELLO, 0, rack, {"job": 0, "token": TOKEN, "peer_rack": rack, "core": 0,
+                                                 "interface": interface})
+
+
 def test_a_rack_server_calls_the_higher_racks_and_a_lower_rack_may_not_pretend():
     core = Core(rack=0, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
     core.worker(0)
-    [(address, link)] = core.opened
-    assert address == ("198.18.1.1", 9100)  # core 0 of rack 1
+    [(address, source, link)] = core.opened
+    assert (address, source) == (("198.18.1.1", 9100), "198.18.0.1")  # core 0 of rack 1, from our address
     [hello] = link.take()
-    assert hello.header.kind is K.HELLO and hello.json() == {"job": 0, "token": TOKEN, "peer_rack": 0, "core": 0}
+    assert hello.header.kind is K.HELLO
+    assert hello.json() == {"job": 0, "token": TOKEN, "peer_rack": 0, "core": 0, "interface": 0}
     stranger = core.connect()
-    core.send(stranger, wire.control_frame(K.HELLO, 0, 1, {"job": 0, "token": TOKEN, "peer_rack": 1, "core": 0}))
+    core.send(stranger, rack_hello(1))
     assert "unexpected rack server hello from rack 1" in error_of(stranger)  # rack 1 is called, it does not call
+
+
+def test_a_rack_server_links_each_interface_to_the_same_interface_of_the_other_racks():
+    core = Core(rack=0, port=9000, peers=RACK_PEERS, interfaces=RACK_INTERFACES[0])
+    core.worker(0)
+    assert [(address, source) for address, source, _ in core.opened] == \
+        [(("198.18.1.1", 9100), "198.18.0.1"), (("198.18.1.2", 9100), "198.18.0.2")]
+    assert [link.take()[0].json()["interface"] for _, _, link in core.opened] == [0, 1]
+
+
+@pytest.mark.parametrize("says, arrives, source, error", [
+    (1, 0, 1, "rack 0 says its link is interface 1's, but it arrived on interface 0 (198.18.1.1)"),
+    (1, 1, 0, "rack 0's link for interface 1 comes from 198.18.0.1, not from that interface's address 198.18.0.2"),
+    (2, 0, 0, "HELLO.interface = 2 is outside [0, 1]"),
+    (None, 1, 1, "HELLO.interface must be an integer, got None"),
+])
+def test_a_rack_hello_on_the_wrong_or_an_unknown_interface_is_refused(says, arrives, source, error):
+    """`arrives`: the interface whose listener took the link; `source`: the interface of rack 0
+    whose address it came from."""
+    core = Core(rack=1, port=9100, peers=RACK_PEERS, interfaces=RACK_INTERFACES[1])
+    link = core.connect("rack 0", address=RACK_INTERFACES[0][source], interface=arrives)
+    try:
+        core.send(link, rack_hello(0, says))
+    except ProtocolError as exc:  # a malformed HELLO: what the core's loop hands to bad_frame
+        core.protocol.bad_frame(link, str(exc))
+    assert error in error_of(link)
+    assert core.job.ended is None  # a refused link is not the job's: the right one may still come
+
+
+def test_a_rack_link_connected_twice_is_refused():
+    core = Core(rack=1, port=9100, peers=RACK_PEERS, interfaces=RACK_INTERFACES[1])
+    first, second = (core.connect("rack 0", address="198.18.0.2", interface=1) for _ in range(2))
+    core.send(first, rack_hello(0, 1))
+    core.send(second, rack_hello(0, 1))
+    assert not first.closed
+    assert "rack 0 connected core 0 / interface 1 twice" in error_of(second)
+
+
+def test_losing_one_rack_link_fails_the_job_naming_the_link():
+    core = Core(rack=0, port=9000, peers=RACK_PEERS, interfaces=RACK_INTERFACES[0], report_joins=True)
+    worker = core.worker(0)
+    [_, (_, _, second)] = core.opened
+    core.protocol.connection_lost(second, "connection closed by peer", False)
+    message = "rack 1's server lost (the link of core 0 / interface 1, 198.18.1.2): connection closed by peer"
+    assert core.job.ended == message
+    assert message in error_of(worker)
+    assert core.reports[-1] == {"event": "failed", "job": 0, "rank": None, "message": message}
 
 
 def test_a_rack_that_cannot_be_reached_fails_the_job_and_the_core_serves_on():
     core = Core(rack=0, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
 
-    def unreachable(address):
+    def unreachable(address, source):
         raise ConfigError("connection refused")
 
     core.protocol.open_connection = unreachable
     conn = core.connect()
     core.hello(conn, 0)
-    assert "cannot reach rack 1's server at 198.18.1.1:9100: connection refused" in error_of(conn)
+    assert "cannot reach rack 1's server at 198.18.1.1:9100 (interface 0, from 198.18.0.1): connection refused" \
+        in error_of(conn)
     assert core.protocol.finished  # once: the only job has ended
 
 
-def test_partials_of_two_racks_meet_in_the_same_weights():
-    racks = [Core(workers=1, first_rank=r, total_workers=2, rack=r, port=9000, peers=("198.18.0.1:9000", "198.18.1.1:9100"))
-             for r in range(2)]
+@pytest.mark.parametrize("interfaces", [1, 2])
+def test_partials_and_totals_of_two_racks_meet_in_the_same_weights(interfaces):
+    """Two racks of one worker each; with two interfaces the worker's two lanes (one chunk each)
+    are on two interfaces, and each chunk's partial and total travel on its own interface's link."""
+    peers = tuple("+".join(addresses[:interfaces]) + f":{port}"
+                  for addresses, port in zip(RACK_INTERFACES, (9000, 9100)))
+    racks = [Core(workers=1, first_rank=r, total_workers=2, rack=r, port=(9000, 9100)[r], peers=peers,
+                  interfaces=RACK_INTERFACES[r][:interfaces]) for r in range(2)]
     lower = racks[0]
-    conns = [racks[r].worker(r) for r in range(2)]
-    [(_, link_up)] = lower.opened  # rack 0 -> rack 1
-    link_down = racks[1].connect("rack 0", address="198.18.0.1")
+    lanes = []  # per rack: the worker's connection on each lane (lane i is on interface i)
+    for r, core in enumerate(racks):
+        conns = [core.connect(f"rank {r} lane {lane}", interface=lane) for lane in range(interfaces)]
+        for lane, conn in enumerate(conns):
+            core.hello(conn, r, lane=lane)
+            assert conn.take()[0].header.kind is K.WELCOME
+        lanes.append(conns)
+    links = []  # (rack 0's end, rack 1's end, interface)
+    for interface, (address, source, up) in enumerate(lower.opened):
+        assert (address[0], source) == (RACK_INTERFACES[1][interface], RACK_INTERFACES[0][interface])
+        links.append((up, racks[1].connect(f"rack 0 on {interface}", address=source, interface=interface), interface))
+    carried = {}  # interface -> chunk ids whose partials and totals crossed on it
 
     def pump():
         moved = True
         while moved:
             moved = False
-            for data, into, conn in ((link_up, racks[1], link_down), (link_down, lower, link_up)):
-                sent, data.sent = b"".join(data.sent), []
-                if sent:
-                    into.send(conn, sent)
-                    moved = True
+            for up, down, interface in links:
+                for data, into, conn in ((up, racks[1], down), (down, lower, up)):
+                    sent, data.sent = b"".join(data.sent), []
+                    if sent:
+                        for frame in frames_of(sent):
+                            if frame.header.kind in (K.PARTIAL, K.TOTAL):
+                                carried.setdefault(interface, set()).add(frame.header.chunk)
+                        into.send(conn, sent)
+                        moved = True
 
-    for r, conn in enumerate(conns):
-        racks[r].register(conn, r)
-    lower.init(conns[0], np.ones(SIZE, np.float32))
+    chunks = ((0, 256), (256, SIZE))  # chunk 0 on lane 0; with two lanes, chunk 1 on lane 1
+    lane_of = [0, 1 if interfaces == 2 else 0]
+    for r, core in enumerate(racks):
+        for conn in lanes[r]:
+            core.register(conn, r)
+    for chunk, (start, end) in enumerate(chunks):
+        lower.send(lanes[0][lane_of[chunk]], wire.pack_header(K.INIT, 0, 0, chunk, 0, 4 * (end - start))
+                   + np.ones(end - start, np.float32).tobytes())
     pump()
-    for r, conn in enumerate(conns):
-        assert [f.header.kind for f in conn.take()] == [K.RESULT, K.RESULT, K.READY]
-        racks[r].send(conn, wire.control_frame(K.OPTIMIZER, 0, r, SGD(learning_rate=LR).to_dict()))
-    for r, conn in enumerate(conns):
-        racks[r].push(conn, r, 1, np.full(SIZE, 2.0 * (r + 1), np.float32))
+    for r, core in enumerate(racks):
+        for conn in lanes[r]:
+            assert conn.take()[-1].header.kind is K.READY
+            core.send(conn, wire.control_frame(K.OPTIMIZER, 0, r, SGD(learning_rate=LR).to_dict()))
+    for r, core in enumerate(racks):
+        for chunk, (start, end) in enumerate(chunks):
+            core.send(lanes[r][lane_of[chunk]], wire.pack_header(K.PUSH, 0, r, chunk, 1, 4 * (end - start))
+                      + np.full(end - start, 2.0 * (r + 1), np.float32).tobytes())
     pump()
+    assert carried == {i: {c for c in range(2) if lane_of[c] == i} for i in range(interfaces)}
     expected = np.ones(SIZE, np.float32) - LR * (2.0 + 4.0)
-    for conn in conns:
-        assert np.array_equal(results(conn)[1], expected)
+    for r in range(2):
+        by_chunk = {}
+        for conn in lanes[r]:
+            for frame in conn.take():
+                assert frame.header.kind is K.RESULT and frame.header.iteration == 1, frame.header
+                by_chunk[frame.header.chunk] = np.frombuffer(bytes(frame.payload), np.float32)
+        assert np.array_equal(np.concatenate([by_chunk[0], by_chunk[1]]), expected), f"rack {r}"

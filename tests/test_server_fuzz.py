@@ -126,7 +126,7 @@ def _joined(server):
 
 @FUZZ
 @given(st.sampled_from(["job", "token", "rank", "num_workers", "lane", "shard", "shards", "rdma", "peer_rack",
-                        "core", "other"]), json_values)
+                        "core", "interface", "other"]), json_values)
 def test_any_hello_field_value(server, field, value):
     job = next(server["jobs"])
     hello = {"job": job, "token": "", "rank": 0, "num_workers": 1, "lane": 0, field: value}

@@ -36,10 +36,11 @@ class Job:
         self.data = None  # how its chunks move (datapath.TcpServerPath, or an RDMA one), with the state
         self.shard: Tuple[int, int] = (0, 1)  # (this server's index, number of shards)
         self.links: Dict[int, List[Optional[Connection]]] = {}  # lane -> connection per local worker
-        self.peer_links: Dict[int, Connection] = {}  # rack -> connection to that rack's server (same core)
-        self.rack_backlog: Dict[int, list] = {}  # rack -> frames to send once it has connected
+        # (rack, interface) -> the link to that rack's server, same core, same interface
+        self.peer_links: Dict[Tuple[int, int], Connection] = {}
+        self.rack_backlog: Dict[Tuple[int, int], list] = {}  # (rack, interface) -> frames for when it connects
         self.said_bye: set = set()  # (lane, local rank) of workers that closed cleanly
-        self.racks_done: set = set()  # racks whose server said it has finished the job
+        self.racks_done: set = set()  # (rack, interface) of links whose rack said it has finished the job
         self.ended: Optional[str] = None  # None while running; "" = finished cleanly; else the error
         self.last_progress = now
         self.stall_reported = False

@@ -17,7 +17,7 @@ machine in one module): what a frame may do is read in one place, not across mix
 A connection's life: accepted (a stranger: small frames only, a deadline) -> HELLO (typed and
 bounded by `messages.hello`, then `Job.refusal` / `Job.lane_refusal`) -> WELCOME, or ERROR and
 closed -> REGISTER / INIT / OPTIMIZER / PUSH ... (the job's aggregation state machine,
-aggregation.py or hierarchy.py, decides; its events become RESULT / READY / PARTIAL frames) ->
+aggregation.py or hierarchy.py, decides; its events become RESULT / READY / PARTIAL / TOTAL frames) ->
 BYE (the worker is done) or a failure. A failure of any connection of a job fails the job:
 every connection of it gets an ERROR naming the cause and is closed; the core serves on.
 """
@@ -30,10 +30,10 @@ from typing import Callable, Dict, Optional
 
 from .. import messages, wire
 from ..aggregation import ChunkState, JobState, ReadyLane, Result
-from ..config import ServerConfig
+from ..config import ServerConfig, check_peer
 from ..datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
-from ..hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady
+from ..hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal
 from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
@@ -59,8 +59,9 @@ def _stdout_json(event: dict) -> None:
 class CoreProtocol:
     """Every job of one server core, and every connection to it.
 
-    `open_connection(address)` opens a connection to another rack's server (for two-phase
-    reduction; it may block until that server listens and raises ConfigError if it never does);
+    `open_connection(address, source)` opens a connection from this server's address `source` to
+    another rack's server at `address` (for two-phase reduction; it may block until that server
+    listens and raises ConfigError if it never does);
     `log` takes the core's log lines, `report` the events a launcher reads (a rank joined);
     `clock` is the monotonic clock every deadline is measured on.
     """
@@ -77,7 +78,7 @@ class CoreProtocol:
         self.strangers = Strangers()
         self.refusals = RefusalLog(self.log, now=now)
         self.limits = messages.Limits(frozenset(self.jobs), config.cores, config.racks, config.chunk_bytes,
-                                      config.max_job_bytes)
+                                      config.max_job_bytes, interfaces=len(config.interfaces))
         self._next_sweep = now + 1.0
         # Pushes may go through the C loop when it is built, the kernels are the C ones (it folds
         # with the same loops) and they travel as frames; else every frame takes the Python path.
@@ -126,8 +127,8 @@ class CoreProtocol:
             return
         job = peer.job
         if peer.rack >= 0:
-            if peer.rack not in job.racks_done or midframe:
-                self._fail(job, f"rack {peer.rack}'s server lost: {reason}")
+            if (peer.rack, peer.interface) not in job.racks_done or midframe:
+                self._fail(job, f"rack {peer.rack}'s server lost ({_rack_link(peer, self.core)}): {reason}")
             return
         if (peer.lane, peer.local) in job.said_bye and not midframe:
             return
@@ -141,7 +142,8 @@ class CoreProtocol:
         if peer.job.ended is not None:  # a late frame of a job that is over: nobody to tell
             return self._drop(conn)
         if peer.rack >= 0:
-            return self._fail(peer.job, f"rack {peer.rack}'s server sent a bad frame: {message}")
+            return self._fail(peer.job, f"rack {peer.rack}'s server sent a bad frame ({_rack_link(peer, self.core)}): "
+                                        f"{message}")
         self._fail(peer.job, f"rank {peer.rank} (lane {peer.lane}) sent a bad frame: {message}", peer.rank)
 
     def data_path_failed(self, conn, error: Exception) -> None:
@@ -166,9 +168,11 @@ class CoreProtocol:
         if peer.rack >= 0:
             wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
             if header.kind is wire.Kind.PARTIAL:
-                return job.state.partial_target(peer.rack, header)
+                return job.state.partial_target(peer.rack, header, peer.interface)
+            if header.kind is wire.Kind.TOTAL:
+                return job.state.total_target(peer.rack, header, peer.interface)
             if header.kind is wire.Kind.INIT:
-                return job.state.peer_init_target(peer.rack, header)
+                return job.state.peer_init_target(peer.rack, header, peer.interface)
             raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
         wire.check_sender(header, job=job.spec.job_id, sender=peer.rank, num_workers=job.spec.total_workers)
         if header.kind is wire.Kind.PUSH:
@@ -219,7 +223,9 @@ class CoreProtocol:
                 return
             if len(job.said_bye) == len(job.links) * job.spec.num_workers:
                 job.ended = ""
-                self._to_racks(job, wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {}))
+                bye = wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {})
+                for rack, interface in self._rack_links():  # on every link: each may close after it
+                    self._to_rack(job, rack, interface, bye)
                 job.release()
         elif kind is wire.Kind.STATE:
             pass  # a checkpointed momentum, already in place (JobState.state_target)
@@ -383,9 +389,11 @@ class CoreProtocol:
                                dict(enumerate(self.config.rdma_devices)))
         job.shard = shard
         job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
-        for rack in range(self.config.rack + 1, self.config.racks):  # lower racks call us
+        for rack, interface in self._rack_links():
+            if rack < self.config.rack:
+                continue  # lower racks call us
             try:
-                job.peer_links[rack] = self._connect_rack(job, rack)
+                job.peer_links[(rack, interface)] = self._connect_rack(job, rack, interface)
             except ConfigError as exc:  # the job cannot run without that rack: it fails, the core serves on
                 self._fail(job, str(exc))
                 return str(exc)
@@ -403,15 +411,21 @@ class CoreProtocol:
                 for local, conn in enumerate(job.links[event.lane]):  # each worker learns where its slots are
                     ready = {"batch": event.batch, **job.data.ready(event.lane, local, event.batch)}
                     conn.send(wire.control_frame(wire.Kind.READY, job.spec.job_id, _SERVER, ready))
-            elif isinstance(event, SendPartial):
-                header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack,
-                                          event.state.chunk.id, event.iteration, event.state.chunk.nbytes)
-                self._to_racks(job, header, event.view)
-            elif isinstance(event, SendPeerInit):  # to a rack that has connected: it sent PEER_READY
-                conn = job.peer_links[event.rack]
+            elif isinstance(event, SendPartial):  # to the chunk's owner only, on the chunk's interface
+                chunk = event.state.chunk
+                header = wire.pack_header(wire.Kind.PARTIAL, job.spec.job_id, self.config.rack, chunk.id,
+                                          event.iteration, chunk.nbytes)
+                self._to_rack(job, event.owner, job.state.interface_of(chunk.id), header, event.view)
+            elif isinstance(event, SendTotal):  # the owner: to every other rack, on the chunk's interface
+                chunk = event.state.chunk
+                header = wire.pack_header(wire.Kind.TOTAL, job.spec.job_id, self.config.rack, chunk.id,
+                                          event.iteration, chunk.nbytes)
+                self._to_racks(job, header, event.view, interface=job.state.interface_of(chunk.id))
+            elif isinstance(event, SendPeerInit):  # to a rack that sent PEER_READY: it can place them
                 for state in event.chunks:
-                    conn.send(wire.pack_header(wire.Kind.INIT, job.spec.job_id, self.config.rack,
-                                               state.chunk.id, 0, state.chunk.nbytes), state.weight_view)
+                    self._to_rack(job, event.rack, job.state.interface_of(state.chunk.id),
+                                  wire.pack_header(wire.Kind.INIT, job.spec.job_id, self.config.rack,
+                                                   state.chunk.id, 0, state.chunk.nbytes), state.weight_view)
             elif isinstance(event, SendPeerReady):
                 self._to_racks(job, wire.control_frame(wire.Kind.PEER_READY, job.spec.job_id, self.config.rack,
                                                        {"batch": event.batch}))
@@ -419,7 +433,8 @@ class CoreProtocol:
     def _send_result(self, job: Job, state: ChunkState) -> None:
         job.data.send_result(state, job.links[state.chunk.lane])
 
-    # -- other racks (two-phase reduction: core c of every rack talks to core c of the others) --
+    # -- other racks (two-phase reduction: core c / interface i of every rack talks to core c /
+    # interface i of the others, over one link each; control frames go on interface 0's) ------------
     def _rack_frame(self, job: Job, peer: Peer, frame: wire.Frame) -> None:
         header = frame.header
         if header.kind is wire.Kind.ERROR:  # whoever it claims to be from: the job is over
@@ -427,6 +442,8 @@ class CoreProtocol:
         wire.check_sender(header, job=job.spec.job_id, sender=peer.rack)
         if header.kind is wire.Kind.PARTIAL:
             self._act(job, job.state.on_partial(peer.rack, header))
+        elif header.kind is wire.Kind.TOTAL:
+            self._act(job, job.state.on_total(peer.rack, header))
         elif header.kind is wire.Kind.INIT:
             self._act(job, job.state.on_peer_init(header))
         elif header.kind is wire.Kind.PEER_READY:
@@ -434,52 +451,76 @@ class CoreProtocol:
         elif header.kind is wire.Kind.SHARE and peer.rack == 0:  # rank 0's value, for this rack's workers
             self._share(job, *messages.share(frame.json()))
         elif header.kind is wire.Kind.BYE:
-            job.racks_done.add(peer.rack)
+            job.racks_done.add((peer.rack, peer.interface))
         else:
             raise ProtocolError(f"a rack server may not send {header.kind.name} frames")
 
-    def _connect_rack(self, job: Job, rack: int):
-        """Open this core's connection to core `self.core` of rack `rack` (lower racks call higher ones)."""
-        host, port = self.config.peers[rack].rsplit(":", 1)
-        address = (host, int(port) + self.core)  # every rack server uses the same port layout
+    def _rack_links(self):
+        """(rack, interface) of every link this core has to the other racks' servers."""
+        return [(rack, interface) for rack in range(self.config.racks) if rack != self.config.rack
+                for interface in range(len(self.config.interfaces))]
+
+    def _connect_rack(self, job: Job, rack: int, interface: int):
+        """Open this core's link on `interface` to core `self.core` / the same interface of rack
+        `rack` (lower racks call higher ones): from this server's address on that interface, so the
+        link's bytes leave and enter through that interface's NIC."""
+        hosts, port = check_peer(self.config.peers[rack])
+        address = (hosts[interface], port + self.core)  # every rack server uses the same port layout
+        source = self.config.interfaces[interface]
         try:
-            conn = self.open_connection(address)
+            conn = self.open_connection(address, source)
         except ConfigError as exc:
-            raise ConfigError(f"cannot reach rack {rack}'s server at {address[0]}:{address[1]}: {exc}") from None
-        hello = {"job": job.spec.job_id, "token": job.spec.token, "peer_rack": self.config.rack, "core": self.core}
+            raise ConfigError(f"cannot reach rack {rack}'s server at {address[0]}:{address[1]} (interface "
+                              f"{interface}, from {source}): {exc}") from None
+        hello = {"job": job.spec.job_id, "token": job.spec.token, "peer_rack": self.config.rack, "core": self.core,
+                 "interface": interface}
         conn.send(wire.control_frame(wire.Kind.HELLO, job.spec.job_id, self.config.rack, hello))
-        peer = self.peers[conn] = Peer(-1, since=self.clock())
+        peer = self.peers[conn] = Peer(interface, address[0], since=self.clock())
         peer.job, peer.rack = job, rack
         conn.limit_queue(job.queue_bound())
         return conn
 
     def _rack_hello(self, conn, peer: Peer, job: Job, hello: messages.Hello) -> None:
-        rack = hello.peer_rack  # typed and within the racks by messages.hello
+        rack, interface = hello.peer_rack, hello.interface  # typed and bounded by messages.hello
         if not self.config.peers or not 0 <= rack < self.config.rack:
             return self._refuse(conn, f"unexpected rack server hello from rack {rack!r}")
-        if hello.core != self.core or rack in job.peer_links:
-            return self._refuse(conn, f"rack {rack} connected core {hello.core!r} to core {self.core} twice "
-                                      "or to the wrong core")
+        if hello.core != self.core:
+            return self._refuse(conn, f"rack {rack} connected its core {hello.core} to core {self.core}: "
+                                      "each core links to the same core of the other racks")
+        if interface != peer.interface:
+            return self._refuse(conn, f"rack {rack} says its link is interface {interface}'s, but it arrived on "
+                                      f"interface {peer.interface} ({self.config.interfaces[peer.interface]})")
+        expected = check_peer(self.config.peers[rack])[0][interface]
+        if peer.address != expected:  # from another interface's address, it would load that NIC
+            return self._refuse(conn, f"rack {rack}'s link for interface {interface} comes from {peer.address}, "
+                                      f"not from that interface's address {expected}")
+        if (rack, interface) in job.peer_links:
+            return self._refuse(conn, f"rack {rack} connected core {self.core} / interface {interface} twice")
         if job.state is None:
             error = self._create_state(job, (0, 1))
             if error:
                 return self._refuse(conn, error)
         peer.job, peer.rack = job, rack
         self._admitted(conn, peer)
-        job.peer_links[rack] = conn
-        for parts in job.rack_backlog.pop(rack, ()):
+        job.peer_links[(rack, interface)] = conn
+        for parts in job.rack_backlog.pop((rack, interface), ()):
             conn.send(*parts)
 
-    def _to_racks(self, job: Job, *parts) -> None:
-        """Send to every other rack; a lower rack that has not connected yet gets it when it does
-        (nothing it is sent can change before then: rounds need every rack's PEER_READY)."""
+    def _to_rack(self, job: Job, rack: int, interface: int, *parts) -> None:
+        """Send on the link to `rack` on `interface`; if that (lower) rack has not connected it yet,
+        it gets the parts when it does (nothing it is sent can change before then: a chunk's
+        buffers are rewritten only once the other racks have what was sent of it, hierarchy.py)."""
+        conn = job.peer_links.get((rack, interface))
+        if conn is not None:
+            conn.send(*parts)
+        else:
+            job.rack_backlog.setdefault((rack, interface), []).append(parts)
+
+    def _to_racks(self, job: Job, *parts, interface: int = 0) -> None:
+        """Send to every other rack, on `interface`'s link (control frames: interface 0's)."""
         for rack in range(self.config.racks):
-            if rack == self.config.rack:
-                continue
-            if rack in job.peer_links:
-                job.peer_links[rack].send(*parts)
-            else:
-                job.rack_backlog.setdefault(rack, []).append(parts)
+            if rack != self.config.rack:
+                self._to_rack(job, rack, interface, *parts)
 
     # -- failures and time ------------------------------------------------------------------
     def _refuse(self, conn, message: str) -> None:
@@ -558,6 +599,11 @@ class CoreProtocol:
                 self._fail(job, failure)
             elif report:
                 self.log(report)
+
+
+def _rack_link(peer: Peer, core: int) -> str:
+    """A link to another rack's server, in words: which core and interface, and the peer's address."""
+    return f"the link of core {core} / interface {peer.interface}, {peer.address or 'address unknown'}"
 
 
 def _share_frame(job: Job, name: str, value) -> bytes:
