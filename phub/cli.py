@@ -82,7 +82,7 @@ def _job_bytes(text: str) -> int:
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
-    from .config import MAX_CORES, MAX_LANES, MAX_PORT
+    from .config import MAX_CORES, MAX_LANES, MAX_PORT, MAX_SIMULATED_RACKS
 
     parser.add_argument("--cores", type=int_in(1, MAX_CORES), default=1,
                         help="server processes, one per core (default 1)")
@@ -104,6 +104,10 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
                         help="bytes of arrays one job may register (default 2 GiB); the server needs about "
                              "(workers + 3) times this in memory")
+    parser.add_argument("--simulate-racks", type=int_in(1, MAX_SIMULATED_RACKS), default=1, metavar="R",
+                        help="one PBox stands in for R racks, as the paper measured beyond a rack: each core "
+                             "sends every aggregated chunk through its own interface back to itself and adds "
+                             "it again, R times, before the optimizer (default 1: off)")
 
 
 def _add_transport_option(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +131,7 @@ def _server_config(args, jobs, once: bool):
                         transport=getattr(args, "transport", DEFAULT_TRANSPORT),
                         rdma_devices=tuple(getattr(args, "rdma_devices", ()) or ()),
                         report_joins=getattr(args, "report_joins", False),
+                        simulated_racks=getattr(args, "simulate_racks", 1),
                         **({"max_job_bytes": args.max_job_bytes} if args.max_job_bytes else {}),
                         **({"connect_timeout": args.connect_timeout} if args.connect_timeout else {}))
 

@@ -18,6 +18,7 @@ MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered va
 MAX_CORES = 1024  # server processes, one per core: far beyond a PBox's 28 threads
 MAX_LANES = 4096  # connections a worker opens to one server (interfaces x cores x lanes per pair), as HELLO allows
 MAX_PORT = 65535
+MAX_SIMULATED_RACKS = 64  # the paper simulated up to 8
 
 
 def check_timeout(value, name: str = "timeout") -> float:
@@ -112,6 +113,9 @@ class ServerConfig:
     max_job_bytes: int = DEFAULT_MAX_JOB_BYTES  # the values one job may register (its arrays' bytes)
     report_joins: bool = False  # print JSON lines on stdout for the launcher: a rank connected, a job failed
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # see connect_wait
+    # > 1: this one PBox stands in for that many racks, as the paper measured beyond a rack
+    # (phub.hierarchy.SimulatedRacksJobState); not with peers
+    simulated_racks: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "jobs", tuple(self.jobs))
@@ -161,6 +165,13 @@ class ServerConfig:
                               "give every rack server's address (at least two) and this server's index")
         if self.peers and self.port == 0:
             raise ConfigError("ServerConfig: a rack server needs a fixed --port so the other racks can reach it")
+        if isinstance(self.simulated_racks, bool) or not isinstance(self.simulated_racks, int) or \
+                not 1 <= self.simulated_racks <= MAX_SIMULATED_RACKS:
+            raise ConfigError(f"ServerConfig.simulated_racks (--simulate-racks) must be an integer in "
+                              f"[1, {MAX_SIMULATED_RACKS}], got {self.simulated_racks!r}")
+        if self.simulated_racks > 1 and self.peers:
+            raise ConfigError("ServerConfig: --simulate-racks stands in for racks on one PBox; it does not go "
+                              "with --peers (real racks)")
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"ServerConfig.transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         object.__setattr__(self, "rdma_devices", tuple(self.rdma_devices))
@@ -195,6 +206,8 @@ class ServerConfig:
             argv.append("--report-joins")
         if self.peers:
             argv += ["--rack", str(self.rack), "--peers", ",".join(self.peers)]
+        if self.simulated_racks > 1:
+            argv += ["--simulate-racks", str(self.simulated_racks)]
         if self.transport != DEFAULT_TRANSPORT:
             argv += ["--transport", self.transport]
         if self.rdma_devices:

@@ -268,3 +268,72 @@ class HierarchicalJobState(JobState):
         if owner != self.rack:
             return [owner] if self._arrived[cid] else []
         return [r for r in range(self.racks) if not self._arrived[cid] >> r & 1]
+
+
+class SimulatedRacksJobState(JobState):
+    """One PBox standing in for `racks` racks, as the paper measured its cross-rack overhead:
+    after a chunk's local aggregation, its core sends the aggregate through its own interface back
+    to itself and adds it again, once per simulated rack, one trip after the other, before the
+    optimizer. The total is then `racks` times the rack's sum: what `racks` racks whose workers
+    pushed this rack's gradients would make, and the optimizer averages over that many workers.
+
+    The trips ride the chunk's interface's link from the core to itself, as PARTIAL frames (rack
+    `rack` to itself): the events and targets are those of HierarchicalJobState, the owner of
+    every chunk being this rack. Rows per chunk: the aggregate that travels, the copy that comes
+    back, the total."""
+
+    finishes_rounds_here = False
+
+    def __init__(self, *args, racks: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        if racks < 2:
+            raise ValueError(f"simulating {racks} rack(s): at least two")
+        self.racks, self.rack = racks, 0
+        self.total_workers *= racks
+        self._rows: Dict[int, np.ndarray] = {}
+        self._row_views: Dict[int, List[memoryview]] = {}
+        self._trips: Dict[int, int] = {}  # chunk id -> copies back this round (-1: still aggregating locally)
+
+    def _allocate(self, chunks: List[Chunk]) -> None:
+        super()._allocate(chunks)
+        rows = np.zeros(3 * sum(c.size for c in chunks), dtype=np.float32)
+        offset = 0
+        for c in chunks:
+            block = rows[offset:offset + 3 * c.size].reshape(3, c.size)
+            self._rows[c.id] = block
+            self._row_views[c.id] = [memoryview(row).cast("B") for row in block]
+            self._trips[c.id] = -1
+            offset += 3 * c.size
+
+    def interface_of(self, chunk_id: int) -> int:
+        return self.plan.topology.lane_interface(self.owned[chunk_id].chunk.lane)
+
+    def _local_round_done(self, state: ChunkState, acc: np.ndarray, last: Optional[np.ndarray]) -> list:
+        cid = state.chunk.id
+        self.kernels.scale(self._rows[cid][0], acc, last, 1.0)  # the rack's sum (times 1: exact)
+        self._trips[cid] = 0
+        return [SendPartial(state, state.rounds + 1, self._row_views[cid][0], self.rack)]
+
+    def partial_target(self, from_rack: int, header: wire.Header, interface: Optional[int] = None) -> memoryview:
+        """Where a chunk's aggregate lands when it comes back over the core's own link."""
+        state = self.owned_chunk(header)
+        if interface is not None and self.interface_of(header.chunk) != interface:
+            raise ProtocolError(f"chunk {header.chunk} came back on interface {interface}'s link; "
+                                f"its lane is on interface {self.interface_of(header.chunk)}")
+        if from_rack != self.rack or header.iteration != state.rounds + 1 or self._trips[header.chunk] < 0:
+            raise ProtocolError(f"a copy of chunk {header.chunk} (round {header.iteration}) came back that was "
+                                f"never sent (this core is at round {state.rounds + 1})")
+        return self._row_views[header.chunk][1]
+
+    def on_partial(self, from_rack: int, header: wire.Header) -> list:
+        cid = header.chunk
+        state, rows = self.owned[cid], self._rows[cid]
+        self.kernels.aggregate(rows[2], rows[1], self._trips[cid] == 0)
+        self._trips[cid] += 1
+        if self._trips[cid] < self.racks:  # another trip, after this one (as the paper's PBox did)
+            return [SendPartial(state, state.rounds + 1, self._row_views[cid][0], self.rack)]
+        self._trips[cid] = -1
+        return [self.finish_round(state, rows[2], None)]
+
+    def missing_racks(self, state: ChunkState) -> List[int]:
+        return [self.rack] if self._trips[state.chunk.id] >= 0 else []

@@ -14,7 +14,7 @@ from phub import wire
 from phub.aggregation import ReadyLane, Result
 from phub.chunking import ChunkPlan, Topology
 from phub.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
-                            owner_racks)
+                            SimulatedRacksJobState, owner_racks)
 from phub.kernels import get_backend
 from phub.optim import SGD
 from conftest import refused
@@ -280,3 +280,42 @@ def test_a_rack_is_not_ready_before_its_peers_registered():
     assert not any(isinstance(e, ReadyLane) for e in events)  # rack 1 has not said it is ready
     events = rack0.on_peer_ready(1, 0)
     assert {type(e) for e in events} == {SendPeerInit, ReadyLane}
+
+
+# -- one PBox simulating racks (the paper's method) ---------------------------------------------
+def test_a_simulated_rack_sends_each_aggregate_to_itself_once_per_rack_before_the_optimizer():
+    racks = 3
+    state = SimulatedRacksJobState(0, WORKERS_PER_RACK, SHAPE, CHUNK_BYTES, 1, get_backend("fast"), racks=racks)
+    for lane in sorted(state.lanes):
+        for rank in range(WORKERS_PER_RACK):
+            state.register(rank, lane, 0, ARRAYS)
+    for cid, chunk in sorted(state.owned.items()):
+        h = header(K.INIT, cid, chunk.chunk.nbytes)
+        state.init_target(0, h, chunk.chunk.lane)[:] = np.ones(chunk.chunk.size, np.float32).tobytes()
+        state.on_init(h, chunk.chunk.lane)
+    for lane in state.lanes:
+        state.set_optimizer(lane, SGD(learning_rate=LR))
+    for cid, chunk in sorted(state.owned.items()):
+        size, lane = chunk.chunk.size, chunk.chunk.lane
+        events = []
+        for rank in range(WORKERS_PER_RACK):
+            h = header(K.PUSH, cid, chunk.chunk.nbytes, rank, 1)
+            state.push_target(rank, h, lane)[:] = gradient(cid, size, 0, rank, 1).tobytes()
+            events = state.on_push(rank, h)
+        trips = 0
+        while not isinstance(events[0], Result):  # one trip at a time, on the chunk's interface
+            [trip] = events
+            assert isinstance(trip, SendPartial) and trip.owner == 0 and trip.iteration == 1
+            back = header(K.PARTIAL, cid, chunk.chunk.nbytes, 0, 1)
+            interface = state.interface_of(cid)
+            refused(lambda: state.partial_target(0, back, 1 - interface), "came back on interface")
+            state.partial_target(0, back, interface)[:] = trip.view
+            events = state.on_partial(0, back)
+            trips += 1
+        assert trips == racks
+        # racks x the rack's sum (1 + 2) x the pattern: the closed form of 3 racks pushing the same
+        want = (1 - LR * racks * 3 * (np.arange(size) % 3 + 1)).astype(np.float32)
+        np.testing.assert_array_equal(np.frombuffer(events[0].state.result_view, np.float32), want)
+        refused(lambda: state.partial_target(0, header(K.PARTIAL, cid, chunk.chunk.nbytes, 0, 1), None),
+                "never sent")
+    assert state.total_workers == racks * WORKERS_PER_RACK  # what an averaging optimizer divides by

@@ -585,3 +585,33 @@ def test_partials_and_totals_of_two_racks_meet_in_the_same_weights(interfaces):
                 assert frame.header.kind is K.RESULT and frame.header.iteration == 1, frame.header
                 by_chunk[frame.header.chunk] = np.frombuffer(bytes(frame.payload), np.float32)
         assert np.array_equal(np.concatenate([by_chunk[0], by_chunk[1]]), expected), f"rack {r}"
+
+
+def test_a_core_simulating_racks_links_each_interface_to_itself_and_refuses_strangers_there():
+    core = Core(simulated_racks=3, interfaces=RACK_INTERFACES[0])
+    core.worker(0)
+    assert [(address, source) for address, source, _ in core.opened] == \
+        [(("198.18.0.1", 9000), "198.18.0.1"), (("198.18.0.2", 9000), "198.18.0.2")]
+    own = core.connect("itself", address="198.18.0.2", interface=1)
+    core.send(own, rack_hello(0, 1))
+    assert not own.closed and core.job.loop_ins == [own]
+    stranger = core.connect("elsewhere", address="198.18.0.9", interface=1)
+    core.send(stranger, rack_hello(0, 1))
+    assert "must come from core 0 itself" in error_of(stranger) and "from 198.18.0.9" in error_of(stranger)
+    assert core.job.ended is None
+
+
+def test_rack_layouts_that_cannot_work_are_refused_naming_the_option():
+    two = {"interfaces": RACK_INTERFACES[0], "port": 9000}
+    with pytest.raises(ConfigError, match=r"rack 1's server '198.18.1.1:9100' lists 1 interface address\(es\), "
+                                          r"this server has 2"):
+        ServerConfig(peers=("198.18.0.1+198.18.0.2:9000", "198.18.1.1:9100"), **two)
+    with pytest.raises(ConfigError, match="not IPv4-HOST"):
+        ServerConfig(peers=("198.18.0.1+nohost:9000", "198.18.1.1+198.18.1.2:9100"), **two)
+    with pytest.raises(ConfigError, match="does not go with --peers"):
+        ServerConfig(peers=RACK_PEERS, simulated_racks=2, **two)
+    with pytest.raises(ConfigError, match=r"--simulate-racks\) must be an integer in \[1, 64\]"):
+        ServerConfig(simulated_racks=0)
+    argv = ServerConfig(peers=RACK_PEERS, rack=1, **two).to_argv()
+    assert argv[argv.index("--peers") + 1] == ",".join(RACK_PEERS)
+    assert "--simulate-racks 3" in " ".join(ServerConfig(simulated_racks=3).to_argv())

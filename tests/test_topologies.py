@@ -22,11 +22,11 @@ from workers.exchange_worker import SHARED_EARLY, SHARED_LATE, initial
 STEPS = 3
 
 
-def run(tmp_path, cluster, workers, optimizer, cores=1, transport="tcp", share=False):
+def run(tmp_path, cluster, workers, optimizer, cores=1, transport="tcp", share=False, **config):
     params = {"sizes": SIZES, "steps": STEPS, "optimizer": optimizer and optimizer.to_dict(), "out_dir": str(tmp_path),
               "share": share}
-    config = phub.ServerConfig(cores=cores, timeout=60, transport=transport)
-    result = run_job([sys.executable, WORKER], workers, config, cluster, extra_env={"PHUB_TEST": json.dumps(params)})
+    server = phub.ServerConfig(cores=cores, timeout=60, transport=transport, **config)
+    result = run_job([sys.executable, WORKER], workers, server, cluster, extra_env={"PHUB_TEST": json.dumps(params)})
     assert result.status == 0, result.failed
     return [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(workers)]
 
@@ -69,6 +69,26 @@ def test_two_phase_aggregation_only_sums_every_rack(tmp_path):
         size = int(np.prod(shape))
         for step in range(1, STEPS + 1):
             want = aggregate(4, step, i, size).astype(np.float32)
+            for saved in results:
+                assert np.array_equal(saved[f"sum{step}_{i}"].reshape(-1), want)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "soft-verbs"])
+def test_one_pbox_simulating_racks_ends_as_racks_pushing_the_same_gradients_would(tmp_path, transport):
+    """The paper's rack simulation: every chunk's local aggregate goes through its core's own
+    interface back to itself and is added again, once per simulated rack, so the optimizer sees
+    3 racks' worth of the same gradients (rescaled by 1 / (3 x workers): the one-rack oracle)."""
+    results = run(tmp_path, loopback(2, interfaces=2), 2, nag(3 * 2), cores=2, transport=transport,
+                  simulated_racks=3)
+    assert_nag_oracle_everywhere(results)
+
+
+def test_simulated_racks_aggregation_only_sums_every_simulated_rack(tmp_path):
+    results = run(tmp_path, loopback(2), 2, None, simulated_racks=4)
+    for i, shape in enumerate(SIZES):
+        size = int(np.prod(shape))
+        for step in range(1, STEPS + 1):
+            want = (4 * aggregate(2, step, i, size)).astype(np.float32)
             for saved in results:
                 assert np.array_equal(saved[f"sum{step}_{i}"].reshape(-1), want)
 

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import wire
 from ..aggregation import ChunkState, JobState
 from ..config import JobSpec
-from ..hierarchy import HierarchicalJobState
+from ..hierarchy import HierarchicalJobState, SimulatedRacksJobState
 
 Connection = object  # send(*parts), finish(last, discard_queued), close(), closed, limit_control(n), limit_queue(n)
 
@@ -41,6 +41,7 @@ class Job:
         self.rack_backlog: Dict[Tuple[int, int], list] = {}  # (rack, interface) -> frames for when it connects
         self.said_bye: set = set()  # (lane, local rank) of workers that closed cleanly
         self.racks_done: set = set()  # (rack, interface) of links whose rack said it has finished the job
+        self.loop_ins: list = []  # simulated racks: the accepted ends of the core's links to itself
         self.ended: Optional[str] = None  # None while running; "" = finished cleanly; else the error
         self.last_progress = now
         self.stall_reported = False
@@ -107,6 +108,7 @@ class Job:
         for lane_links in self.links.values():
             yield from (link for link in lane_links if link is not None and not link.closed)
         yield from (link for link in self.peer_links.values() if not link.closed)
+        yield from (link for link in self.loop_ins if not link.closed)
 
     def stranded(self, lane: int, states) -> Optional[Tuple[str, int]]:
         """Why a round of `lane` can never complete, and the rank that left, or None: a worker
@@ -177,7 +179,7 @@ class Job:
         ranks = sorted({first + r for s in pending for r in s.missing(self.spec.num_workers)})
         chunks = sorted(s.chunk.id for s in pending)
         shown = ", ".join(map(str, chunks[:8])) + (" ..." if len(chunks) > 8 else "")
-        if not ranks and isinstance(self.state, HierarchicalJobState):
+        if not ranks and isinstance(self.state, (HierarchicalJobState, SimulatedRacksJobState)):
             racks = sorted({r for s in pending for r in self.state.missing_racks(s)})
             return f"rack(s) {racks} to send chunk(s) {shown}"
         return f"rank(s) {ranks} to push chunk(s) {shown}"

@@ -33,7 +33,8 @@ from ..aggregation import ChunkState, JobState, ReadyLane, Result
 from ..config import ServerConfig, check_peer
 from ..datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
-from ..hierarchy import HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal
+from ..hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
+                         SimulatedRacksJobState)
 from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
@@ -226,6 +227,9 @@ class CoreProtocol:
                 bye = wire.control_frame(wire.Kind.BYE, job.spec.job_id, self.config.rack, {})
                 for rack, interface in self._rack_links():  # on every link: each may close after it
                     self._to_rack(job, rack, interface, bye)
+                if self.config.simulated_racks > 1:  # nothing more travels on the core's links to itself
+                    for link in [*job.peer_links.values(), *job.loop_ins]:
+                        self._drop(link)
                 job.release()
         elif kind is wire.Kind.STATE:
             pass  # a checkpointed momentum, already in place (JobState.state_target)
@@ -383,13 +387,19 @@ class CoreProtocol:
         if self.config.peers:
             job.state = HierarchicalJobState(*args, total_workers=job.spec.total_workers,
                                              rack=self.config.rack, racks=self.config.racks)
+        elif self.config.simulated_racks > 1:
+            job.state = SimulatedRacksJobState(*args, total_workers=job.spec.total_workers,
+                                               racks=self.config.simulated_racks)
         else:
             job.state = JobState(*args, server=shard[0], total_workers=job.spec.total_workers)
         job.data = server_path(self.config.transport, job.spec.job_id, job.state,
                                dict(enumerate(self.config.rdma_devices)))
         job.shard = shard
         job.links = {lane: [None] * job.spec.num_workers for lane in sorted(job.state.lanes)}
-        for rack, interface in self._rack_links():
+        links = self._rack_links()
+        if self.config.simulated_racks > 1:  # the core's link to itself on each interface
+            links = [(self.config.rack, interface) for interface in range(len(self.config.interfaces))]
+        for rack, interface in links:
             if rack < self.config.rack:
                 continue  # lower racks call us
             try:
@@ -464,8 +474,11 @@ class CoreProtocol:
         """Open this core's link on `interface` to core `self.core` / the same interface of rack
         `rack` (lower racks call higher ones): from this server's address on that interface, so the
         link's bytes leave and enter through that interface's NIC."""
-        hosts, port = check_peer(self.config.peers[rack])
-        address = (hosts[interface], port + self.core)  # every rack server uses the same port layout
+        if rack == self.config.rack:  # simulated racks: this core's own listener on that interface
+            address = tuple(self.endpoints[self.core][interface])
+        else:
+            hosts, port = check_peer(self.config.peers[rack])
+            address = (hosts[interface], port + self.core)  # every rack server uses the same port layout
         source = self.config.interfaces[interface]
         try:
             conn = self.open_connection(address, source)
@@ -482,6 +495,8 @@ class CoreProtocol:
 
     def _rack_hello(self, conn, peer: Peer, job: Job, hello: messages.Hello) -> None:
         rack, interface = hello.peer_rack, hello.interface  # typed and bounded by messages.hello
+        if self.config.simulated_racks > 1:
+            return self._loop_hello(conn, peer, job, hello)
         if not self.config.peers or not 0 <= rack < self.config.rack:
             return self._refuse(conn, f"unexpected rack server hello from rack {rack!r}")
         if hello.core != self.core:
@@ -505,6 +520,18 @@ class CoreProtocol:
         job.peer_links[(rack, interface)] = conn
         for parts in job.rack_backlog.pop((rack, interface), ()):
             conn.send(*parts)
+
+    def _loop_hello(self, conn, peer: Peer, job: Job, hello: messages.Hello) -> None:
+        """Simulated racks: the other end of this core's link to itself on an interface."""
+        own = self.config.interfaces[peer.interface]
+        if (hello.peer_rack, hello.core, hello.interface) != (self.config.rack, self.core, peer.interface) or \
+                peer.address != own or job.state is None:
+            return self._refuse(conn, f"a simulated rack's link must come from core {self.core} itself, on the "
+                                      f"interface it names (from {own}); this one says core {hello.core}, "
+                                      f"interface {hello.interface}, from {peer.address}")
+        peer.job, peer.rack = job, self.config.rack
+        self._admitted(conn, peer)
+        job.loop_ins.append(conn)
 
     def _to_rack(self, job: Job, rack: int, interface: int, *parts) -> None:
         """Send on the link to `rack` on `interface`; if that (lower) rack has not connected it yet,
