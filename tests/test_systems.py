@@ -102,6 +102,13 @@ def test_phub_two_racks_verifies():
     assert row["verified"] is True and row["racks"] == 2 and row["servers"] == 2 and row["interfaces"] == 2
 
 
+def test_phub_simulating_racks_runs_one_pbox_and_says_so():
+    """`--simulate-racks 3`: the paper's rack simulation on one PBox; its rows say R."""
+    row = run_exchange("phub", "synthetic:1", workers=2, iterations=2, options=Options(simulated_racks=3,
+                       num_interfaces=2, time_limit=120), quiet=True)
+    assert row["simulated_racks"] == 3 and row["servers"] == 1 and row["interfaces"] == 2
+
+
 def test_models_profile_provenance():
     rows = {row["model"]: row for row in profile_table()}
     assert len(rows) == 9
@@ -168,6 +175,8 @@ def test_bad_arguments_are_refused_before_anything_starts():
         run_exchange("phub", "synthetic:1", 2, 1, options=Options(compute="replay"))
     with pytest.raises(ConfigError, match="--racks applies to --system phub only"):
         run_exchange("gloo-ring", "synthetic:1", 2, 1, options=Options(racks=2))
+    with pytest.raises(ConfigError, match="--simulate-racks runs phub's one-PBox rack simulation"):
+        run_exchange("phub", "synthetic:1", 2, 1, verify=True, options=Options(simulated_racks=2))
     with pytest.raises(ConfigError, match="rack spec rack.yaml: cannot read it"):
         run_exchange("phub", "synthetic:1", 2, 1, options=Options(network="emulated", spec="rack.yaml"))
     result = subprocess.run(HARNESS + ["bench", "exchange", "--system", "nccl"], capture_output=True, text=True,

@@ -29,6 +29,7 @@ def cmd_bench_exchange(args) -> int:
 
     options = Options(compute=args.compute, network=args.network, spec=args.spec, cores=args.cores,
                       num_interfaces=args.num_interfaces, racks=args.racks, chunk_bytes=args.chunk_bytes,
+                      simulated_racks=args.simulate_racks,
                       lanes_per_pair=args.lanes_per_pair, bigarray_bound=args.bigarray_bound,
                       time_limit=args.time_limit, variant=args.variant,
                       image_size=args.image_size, batch=args.batch, transport=args.transport)
@@ -81,6 +82,10 @@ def build_parser() -> HarnessParser:
                           help="phub: interfaces of each PBox (default 1; the other systems use one per node)")
     exchange.add_argument("--racks", type=positive_int, default=1,
                           help="phub on loopback: one PBox per rack, two-phase reduction between them (default 1)")
+    exchange.add_argument("--simulate-racks", type=positive_int, default=1, metavar="R",
+                          help="phub: one PBox stands in for R racks as the paper measured beyond a rack (each "
+                               "core sends every aggregated chunk to itself over its own interface and adds it "
+                               "again, R times; see `phub server --help`); default 1: off")
     exchange.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
                           help=f"phub, pshard: key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
     exchange.add_argument("--lanes-per-pair", type=positive_int, default=1,

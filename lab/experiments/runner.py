@@ -63,6 +63,7 @@ class Options:
     cores: int = 1  # phub: server processes per server node
     num_interfaces: int = 1  # phub: each PBox's interfaces
     racks: int = 1  # phub on loopback: one PBox per rack (two-phase reduction)
+    simulated_racks: int = 1  # phub: one PBox stands in for this many racks, as the paper measured (R trips per chunk)
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # phub / pshard
     lanes_per_pair: int = 1  # phub / pshard
     transport: str = "tcp"  # phub / pshard: tcp | verbs | soft-verbs
@@ -105,6 +106,9 @@ def run_exchanges(system: str, model: str, workers: int, iterations: int, warmup
         raise ConfigError("--variant no_compute removes compute: use it with --compute zero")
     if options.variant == "no_optimizer" and verify:
         raise ConfigError("--variant no_optimizer runs no optimizer: there is nothing to --verify")
+    if options.simulated_racks > 1 and (system != "phub" or options.racks > 1 or verify):
+        raise ConfigError("--simulate-racks runs phub's one-PBox rack simulation: --system phub, one rack, no "
+                          "--verify (the sums it makes are R x the workers', not the exchange's oracle)")
     if options.transport == "soft-verbs" and options.network != "loopback":
         raise ConfigError("--transport soft-verbs reaches only the processes of one network namespace: "
                           "use it with --network loopback")

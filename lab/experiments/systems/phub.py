@@ -26,14 +26,15 @@ class PHubSystem(System):
         return {"servers": len(cluster.servers), "racks": cluster.racks,
                 "interfaces": len(cluster.servers[0].addresses), "cores": options.cores,
                 "chunk_bytes": options.chunk_bytes, "lanes_per_pair": options.lanes_per_pair,
-                "transport": options.transport}
+                "transport": options.transport, "simulated_racks": options.simulated_racks}
 
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
         from phub.launch import run_job
 
         config = ServerConfig(jobs=(JobSpec(0, len(cluster.workers)),), cores=options.cores,
                               chunk_bytes=options.chunk_bytes, lanes_per_pair=options.lanes_per_pair,
-                              once=True, timeout=options.time_limit, transport=options.transport)
+                              once=True, timeout=options.time_limit, transport=options.transport,
+                              simulated_racks=options.simulated_racks)
         job = run_job(list(command), len(cluster.workers), config, cluster=cluster, extra_env=env,
                       stdout=output, stderr=output, time_limit=options.time_limit)
         if job.status != 0:
