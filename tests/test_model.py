@@ -7,7 +7,7 @@ import pytest
 
 from analysis.model import calibrate as fitting
 from analysis.model.replay import PHUB_HEADER_BYTES, Costs, Iteration, Job, Machine, RoleCosts, simulate
-from analysis.model.traffic import exchange_counts
+from analysis.model.traffic import UNIT_SPLIT, exchange_counts
 from analysis.model.scenarios import job_from_softcost, loopback_machine
 from analysis.model.section import render
 from analysis.model.validate import charged_cpu, error_summary, simulate_many
@@ -224,3 +224,14 @@ def test_the_section_splits_the_loopback_error_into_the_fit_and_the_cores_kept_b
     assert "| phub | 1 | 11% | 0.45 | 1 | 50% |" in text  # 1.0 / 0.9 - 1; 0.9 CPU-s over 2 s
     assert "| breakdown | phub | googlenet | no_compute | 8 | ib56g | 0.060 | 0.015 | -75% | 2.00 | 0.105 | 0.005 | 25.0 |" in text
     assert "a median 0.45 cores" in text
+
+
+def test_phub_sends_a_groups_chunks_back_in_finer_units_so_only_the_last_one_trails():
+    # One layer of 4 chunks, one group: UNIT_SPLIT (4) units of one chunk each go up the worker's
+    # link back to back; each comes down as soon as it is up, so only the last one's way down
+    # adds to the 4 chunks' way up.
+    assert UNIT_SPLIT == 4
+    job = _job(elements=(4 * 8192,), workers=1, chunk_bytes=32768, groups=1)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=math.inf)
+    chunk = 32768 + PHUB_HEADER_BYTES
+    assert simulate(job, machine) == pytest.approx(0.03 + 5 * chunk / RATE, rel=1e-12)

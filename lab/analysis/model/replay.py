@@ -50,7 +50,7 @@ GLOO_HEADER_BYTES = 0
 SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")
 # Events are what the replay costs: 12 layer groups and at most 16 pieces per message and hop
 # move the committed grid's predictions by a median 0.5% (at most 5%) from 24 groups and 64
-# pieces, in half the time.
+# pieces, in half the time; phub's units are finer than a group (traffic.UNIT_SPLIT).
 DEFAULT_GROUPS = 12
 MAX_PIECES = 16
 

@@ -14,6 +14,14 @@ from phub.chunking import ChunkPlan, Topology
 if TYPE_CHECKING:
     from .replay import Job
 
+# phub's units hold at most 1/(groups x UNIT_SPLIT) of the model: its chunks go back one by
+# one, so the last group's weights trail its backward by about a chunk, not a whole group. With
+# 1/groups, phub's paper-scale times at 10 Gbps (ResNet-269, AlexNet, VGG-19) were 11-20% above
+# the finest replay tried (48 groups, 8 units a group); with 4 units a group, within 5% of it
+# (8: within 2.3%, at twice the replay's cost for phub).
+UNIT_SPLIT = 4
+
+
 @dataclass
 class Unit:
     """One layer group's messages from one worker to one server (and back): counts per worker."""
@@ -85,10 +93,11 @@ def units_of(job: Job, servers: int, groups: Sequence[Group]) -> List[Unit]:
         return []
     parts = key_parts(job, servers)
     # phub answers chunk by chunk: a group's chunks to one server go in units of at most
-    # 1/groups of the model, so that a big layer's weights start back before all of it is in.
+    # 1/(groups x UNIT_SPLIT) of the model, so that a big layer's weights start back before
+    # all of it is in.
     # ps-lite answers a key part only once all of it is in: its units are whole key parts.
     chunked = job.system in ("phub", "pshard")
-    cap = max(job.chunk_bytes, sum(g.nbytes for g in groups) / job.groups) if chunked else math.inf
+    cap = max(job.chunk_bytes, sum(g.nbytes for g in groups) / (job.groups * UNIT_SPLIT)) if chunked else math.inf
     units = []
     for g, group in enumerate(groups):
         merged: Dict[int, List[List[int]]] = {}
