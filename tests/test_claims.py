@@ -109,7 +109,7 @@ def test_zero_cross_rack_overhead_does_not_agree_and_unrun_racks_say_so():
     assert two.ours == 0.0 and two.paper == pytest.approx(0.4) and two.verdict == DIFFER
     assert two.full_cause and not two.problems()
     four = one(claims, "Overhead of 4 racks vs one, resnet50")
-    assert four.verdict == NO_DATA and "not run: the grid stops at 3 racks" in four.reason
+    assert four.verdict == NO_DATA and "not run: the grid has 2, 3 racks beside one" in four.reason
 
 
 def test_derived_rows_never_count_as_measured(tmp_path):
@@ -274,6 +274,16 @@ def test_per_model_speedup_uses_eight_workers_even_when_more_were_run():
     assert one(claims, "PHub, alexnet, cloud10g").ours == pytest.approx(3.3)
     headline = one(claims, "PHub up to 3.9x over stock MXNet (10 Gbps cloud, best model: resnet18)")
     assert headline.ours == pytest.approx(9.9) and "ours at 16 workers" in headline.reason
+
+
+def test_a_cross_rack_overhead_below_what_the_racks_floor_allows_is_not_testable():
+    rows = repeats(experiment="cross_rack", model="resnet50", racks=1, seconds_per_iteration=1.0,
+                   floor_seconds=1.0, point="r1")
+    rows += repeats(experiment="cross_rack", model="resnet50", racks=2, seconds_per_iteration=1.6,
+                    floor_seconds=1.5, point="r2")  # the exchange between the racks' floor: at least 50%
+    two = one(claims_of(rows), "Overhead of 2 racks vs one, resnet50")
+    assert two.ours == pytest.approx(60.0) and two.verdict == NOT_TESTABLE
+    assert "this run allows at least 50%" in two.reason and "no wire between racks" in two.reason
 
 
 def test_a_scaling_ratio_beyond_what_phubs_floor_allows_is_not_testable():
