@@ -41,7 +41,8 @@ def int_in(low: int, high: int):
     return integer
 
 
-def _chunk_bytes(text: str) -> int:
+def frame_chunk_bytes(text: str) -> int:
+    """An argparse type: a chunk size a frame can carry (whole float32 elements)."""
     from .chunking import ITEMSIZE, MAX_CHUNK_BYTES
 
     value = int(text)
@@ -91,7 +92,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                              "(default 127.0.0.1)")
     parser.add_argument("--port", type=int_in(0, MAX_PORT), default=0,
                         help="base port: core C listens on PORT+C on every interface (default 0: ephemeral)")
-    parser.add_argument("--chunk-bytes", type=_chunk_bytes, default=DEFAULT_CHUNK_BYTES,
+    parser.add_argument("--chunk-bytes", type=frame_chunk_bytes, default=DEFAULT_CHUNK_BYTES,
                         help=f"key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
     parser.add_argument("--lanes-per-pair", type=int_in(1, MAX_LANES), default=1,
                         help="connections per worker for each (interface, core) pair (default 1)")

@@ -13,8 +13,9 @@ import sys
 from typing import List, Optional
 
 from phub.chunking import DEFAULT_CHUNK_BYTES
-from phub.cli import Parser, positive_int, run_command, seconds
-from phub.config import TRANSPORTS
+from phub.cli import Parser, frame_chunk_bytes, int_in, positive_int, run_command, seconds
+from phub.config import MAX_CORES, MAX_LANES, MAX_SIMULATED_RACKS, TRANSPORTS
+from phub.messages import MAX_WORKERS
 
 from .rack.rackcli import add_parser as add_rack_parser
 from .softcost_run import add_parser as add_software_cost_parser
@@ -54,12 +55,12 @@ def build_parser() -> HarnessParser:
     exchange.add_argument("--system", default="phub",
                           help="phub, pshard, pslite-central, pslite-shard or gloo-ring (default phub)")
     exchange.add_argument("--model", default="resnet50", help="model layout, or synthetic:SIZE_MB")
-    exchange.add_argument("--workers", type=positive_int, default=2)
+    exchange.add_argument("--workers", type=int_in(1, MAX_WORKERS), default=2)
     exchange.add_argument("--iterations", type=positive_int, default=10)
     exchange.add_argument("--warmup", type=int, default=1)
     exchange.add_argument("--verify", action="store_true", help="check every result against the oracle")
     exchange.add_argument("--json", action="store_true", help="print each result row as JSON (one line per repeat, the last lines)")
-    exchange.add_argument("--repeats", type=positive_int, default=1,
+    exchange.add_argument("--repeats", type=int_in(1, 1000), default=1,
                           help="blocks of --iterations timed iterations after one --warmup, in one start of the "
                                "processes on one network (one emulated rack); one row (JSON line) each (default 1)")
     exchange.add_argument("--compute", choices=("zero", "replay", "real"), default="zero",
@@ -77,22 +78,22 @@ def build_parser() -> HarnessParser:
                           help="the network's description file: a rack spec (emulated) or a hostfile (hostfile)")
     exchange.add_argument("--variant", default="full", choices=("full", "no_optimizer", "no_compute"),
                           help="breakdown experiment: run without the optimizer, or label a compute-free run")
-    exchange.add_argument("--cores", type=positive_int, default=1, help="phub: server processes per server node")
+    exchange.add_argument("--cores", type=int_in(1, MAX_CORES), default=1, help="phub: server processes per server node")
     exchange.add_argument("--num-interfaces", type=positive_int, default=1,
                           help="phub: interfaces of each PBox (default 1; the other systems use one per node)")
     exchange.add_argument("--racks", type=positive_int, default=1,
                           help="phub on loopback: one PBox per rack, two-phase reduction between them (default 1)")
-    exchange.add_argument("--simulate-racks", type=positive_int, default=1, metavar="R",
+    exchange.add_argument("--simulate-racks", type=int_in(1, MAX_SIMULATED_RACKS), default=1, metavar="R",
                           help="phub: one PBox stands in for R racks as the paper measured beyond a rack (each "
                                "core sends every aggregated chunk to itself over its own interface and adds it "
                                "again, R times; see `phub server --help`); default 1: off")
-    exchange.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+    exchange.add_argument("--chunk-bytes", type=frame_chunk_bytes, default=DEFAULT_CHUNK_BYTES,
                           help=f"phub, pshard: key chunk size in bytes (default {DEFAULT_CHUNK_BYTES})")
-    exchange.add_argument("--lanes-per-pair", type=positive_int, default=1,
+    exchange.add_argument("--lanes-per-pair", type=int_in(1, MAX_LANES), default=1,
                           help="phub, pshard: connections per worker for each (interface, core) pair")
     exchange.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                           help="phub, pshard: how chunks move (tcp, verbs, or soft-verbs; see `phub server --help`)")
-    exchange.add_argument("--bigarray-bound", type=positive_int, default=1000 * 1000,
+    exchange.add_argument("--bigarray-bound", type=int_in(1, 10**9), default=1000 * 1000,
                           help="pslite: MXNET_KVSTORE_BIGARRAY_BOUND at the paper's scale, in elements (default "
                                "MXNet's 1000000); on an emulated rack that divides arrays by s_m the run uses "
                                "max(1, round(BOUND / s_m)), as for an array of BOUND elements, and its row "

@@ -338,7 +338,7 @@ def add_parser(bench) -> None:
                      help="each block has enough iterations that a worker moves this many MB (default %(default)g)")
     sub.add_argument("--chunk-kb", type=int_in(1, 16 * 1024), nargs="+", default=[32, 4],
                      help="phub, pshard: chunk sizes (KB)")
-    sub.add_argument("--bigarray-bound", type=int_in(1, 10**9), nargs="+", default=[1000 * 1000, 1000],
+    sub.add_argument("--bigarray-bounds", type=int_in(1, 10**9), nargs="+", default=[1000 * 1000, 1000],
                      help="pslite-shard: MXNET_KVSTORE_BIGARRAY_BOUND values (elements); pslite-central runs the first")
     sub.add_argument("--perf", choices=("auto", "yes", "no"), default="auto",
                      help="breakdown by kind of code with perf: auto (when perf can sample every process), yes, no")
@@ -360,5 +360,5 @@ def _megabytes(text: str) -> float:
 def _command(args) -> int:
     with_perf = {"auto": None, "yes": True, "no": False}[args.perf]
     run_experiment(args.out, args.systems, args.models, args.workers, args.repeats, args.block_mb, args.chunk_kb,
-                   args.bigarray_bound, with_perf, args.time_limit, log=sys.stdout)
+                   args.bigarray_bounds, with_perf, args.time_limit, log=sys.stdout)
     return 0

@@ -73,6 +73,6 @@ def software_cost_commands(wildcards, output):
         f"{PYTHON} -m experiments bench software-cost {common} "
         f"--systems {' '.join(run['systems'])} --models {' '.join(run['models'])} "
         f"--chunk-kb {' '.join(map(str, run.get('chunk_kb', exp['chunk_kb'])))} "
-        f"--bigarray-bound {' '.join(map(str, run.get('bigarray_bound', exp['bigarray_bound'])))}"
+        f"--bigarray-bounds {' '.join(map(str, run.get('bigarray_bound', exp['bigarray_bound'])))}"
         for run in exp["runs"]
     )
