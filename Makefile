@@ -47,11 +47,12 @@ paper:
 	exit $$status
 
 # Copy the last full run (results/) to docs/results/, the run the README's status and report
-# link to: its report, figures with their captions, tidy per-point CSVs and run.json.
+# link to: its report, the model's section, figures with their captions, tidy per-point CSVs
+# and run.json.
 publish:
 	test -s results/run.json && test -s results/report.md
 	rm -rf docs/results/points docs/results/figures && mkdir -p docs/results/points
-	cp results/report.md results/run.json docs/results/
+	cp results/report.md results/run.json results/model.md docs/results/
 	cp -r results/figures docs/results/figures
 	cd results/points && find . -name '*.csv' -exec cp --parents {} ../../docs/results/points/ \;
 
