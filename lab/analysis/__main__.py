@@ -55,7 +55,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     chk.add_argument("--figures", required=True, help="directory holding the figures")
     chk.add_argument("--report", required=True, help="the report file, e.g. results/report.md")
     chk.add_argument("--min-measured", type=int, default=1,
-                     help="rows that must be measured (agree or differ); derived and paper-only rows do not count")
+                     help="rows that must carry a number this run measured (agree, differ or not testable "
+                          "here); derived and paper-only rows do not count")
     for sub in (fig, rep, chk):
         sub.add_argument("--compute-seconds", type=_compute_seconds, metavar="JSON",
                          help="compute seconds per iteration by model, for the bandwidth-per-PS numbers "
