@@ -50,5 +50,6 @@ def test_repeats_are_blocks_of_one_run_on_one_rack_and_say_what_bounded_them(tmp
     assert run.stderr.count("ms per iteration") == 2  # a summary per repeat
     assert [r["repeat"] for r in rows] == [0, 1]
     for row in rows:  # each block lasts about 1 s: several monitor samples (every 0.2 s)
-        assert row["bound"]["bound"] in ("wire", "mixed", "cpu")
+        assert row["bound"]["bound"] in ("compute", "wire", "cpu", "other")
+        assert row["bound"]["floor_seconds"] > 0 and row["bound"]["over_floor"] > 0
         assert 0 < row["bound"]["link_utilization"] < 1.2 and 0 <= row["bound"]["cpu_busy"] <= 1
