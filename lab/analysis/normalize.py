@@ -21,9 +21,10 @@ import pandas as pd
 from . import derive
 from .reference import PAPER_MODEL, PAPER_TO_OURS
 from .results import experiment
+from .verdict import BOUND_ORDER
 
 BOUNDS = ("compute", "wire", "cpu", "other")
-WORST_FIRST = ("cpu", "other", "wire", "compute")  # verdict.BOUND_ORDER: which bound of several wins
+WORST_FIRST = BOUND_ORDER[:-1]  # which bound of several wins, the report's order ("unknown" aside)
 NOT_COMPARABLE = ("cpu",)  # bounds whose points say nothing about the paper's network
 BASELINE = derive.BASELINE
 

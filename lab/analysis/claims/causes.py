@@ -38,6 +38,7 @@ import pandas as pd
 
 from experiments.monitor import NEAR_FLOOR, STOLEN
 
+from ..normalize import worst
 from ..verdict import CAUSE_UNKNOWN, Ceiling
 
 MIN_SHARE = 0.25  # a cause must explain at least this share of ours / paper (log scale)
@@ -72,11 +73,8 @@ class Side:
 
     @property
     def bound(self) -> str:
-        bounds = self.rows["bound"].fillna("") if "bound" in self.rows else pd.Series(dtype=str)
-        for b in ("cpu", "other", "wire", "compute"):  # the worst repeat's
-            if (bounds == b).any():
-                return b
-        return ""
+        """Its worst repeat's bound (normalize.worst), "" when none was recorded."""
+        return worst(self.rows["bound"].fillna("")) if "bound" in self.rows else ""
 
     def describe(self) -> str:
         """E.g. 'stock MXNet ran at 1.38x its floor (wire 0.412 s; bound by neither)'."""
