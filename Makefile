@@ -13,7 +13,7 @@ QUICK := results/quick
 
 venv: $(STAMP)
 
-# The library (phub) and, beside it, the harness (lab/: experiments and analysis), both editable.
+# The library (phub) and, beside it, the harness (experiments/ and analysis/, packaged by lab/), both editable.
 $(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_kernels.h phub/_fastpath.c phub/_fastpath_rounds.h phub/_fastpath_direct.h \
 		phub/_fastpath_send.h lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,6 +1,6 @@
 """Tests for phub.chunking: chunk sizes, greedy lane balancing (checked against its bound and
 step by step), determinism across processes, the lane layout, argument checks, and the real
-model layouts in lab/experiments/data/layouts."""
+model layouts in experiments/data/layouts."""
 import csv
 import math
 import os
@@ -15,7 +15,7 @@ import pytest
 from phub.chunking import DEFAULT_CHUNK_BYTES, ITEMSIZE, ChunkPlan, Topology
 from phub.errors import ConfigError
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "lab" / "experiments" / "data" / "layouts"
+LAYOUTS = Path(__file__).resolve().parent.parent / "experiments" / "data" / "layouts"
 REPO = LAYOUTS.parent.parent
 
 

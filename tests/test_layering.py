@@ -1,5 +1,6 @@
 """The library and the harness are separate: phub imports nothing of the lab, and its wheel holds
-phub alone (the harness, lab/, is a distribution of its own that depends on phub)."""
+phub alone (the harness, experiments/ and analysis/ at the top of the checkout, is a distribution
+of its own that lab/pyproject.toml packages and that depends on phub)."""
 import ast
 import subprocess
 import sys
@@ -27,6 +28,14 @@ def test_the_library_imports_nothing_of_the_harness():
              for path in sorted((ROOT / "phub").rglob("*.py"))
              for line, name in _imported_top_levels(path) if name in LAB]
     assert found == []
+
+
+def test_the_harness_sits_at_the_top_of_the_checkout():
+    """The brief's layout: experiments/ and analysis/ beside phub/, installed from there."""
+    import analysis
+    import experiments
+    assert {Path(module.__file__).resolve().parent for module in (experiments, analysis)} == \
+        {ROOT / "experiments", ROOT / "analysis"}
 
 
 def test_the_scan_sees_an_import_of_the_harness(tmp_path):

@@ -24,7 +24,7 @@ _CONDA = DeploymentMethod.CONDA in (
     workflow.deployment_settings.deployment_method or ()
 )
 PYTHON = "python" if _CONDA else sys.executable
-# One per paper figure (lab/analysis/figures.py), plus the convergence check of the integrations.
+# One per paper figure (analysis/figures.py), plus the convergence check of the integrations.
 FIGURES = [
     "speedup_end_to_end",
     "pbox_capacity",

@@ -1,6 +1,6 @@
-# Figures: ours and the paper's (lab/analysis/reference) on the same axes, one PNG per paper figure.
+# Figures: ours and the paper's (analysis/reference) on the same axes, one PNG per paper figure.
 # Each figure's caption in the Snakemake report is the one this run wrote beside the PNG: the
-# static caption of lab/analysis/captions/ plus the count of our points by what bounded them.
+# static caption of analysis/captions/ plus the count of our points by what bounded them.
 # (A caption path is taken relative to this file, so the run's caption is given absolute.)
 
 for _figure in FIGURES:

@@ -1,4 +1,4 @@
-# The software-cost experiment (lab/experiments/softcost.py): every system on unshaped loopback,
+# The software-cost experiment (experiments/softcost.py): every system on unshaped loopback,
 # compute removed, full-size models; CPU seconds per exchange by role and by kind of code. One
 # job for all of it (each `runs` entry is one command, which may name its own message settings);
 # every (system, model, setting) is written to points/software_cost/ as soon as it is measured,

@@ -45,7 +45,7 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                      float(measured["relative"].median()) if len(measured) else NAN, basis=DERIVED_BASIS,
                      why=missing if measured.empty else "",
                      method=(f"our measured samples/s at 2:1 divided by the deployment's cost "
-                             f"(lab/analysis/cost.py; {PRICES_NOTE}), phub's over pshard's; the deployment priced "
+                             f"(analysis/cost.py; {PRICES_NOTE}), phub's over pshard's; the deployment priced "
                              f"is the one measured, {per_rack:g} workers per rack sharing one PBox, and the PBox's "
                              "share of the cost falls as racks grow (the paper's rack size was not recovered)."),
                      note="The printed per-$1000 values give 1.36 (36% better), while the poster's headline "

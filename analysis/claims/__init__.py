@@ -1,7 +1,7 @@
 """The paper's claims, each paired with our number (see `verdict.py` for how they are judged).
 
 Every number of ours comes from `derive`, which the figures also use. Every paper number comes
-from `lab/analysis/reference/`. One module per part of the report: `pbox` (end-to-end speedups),
+from `analysis/reference/`. One module per part of the report: `pbox` (end-to-end speedups),
 `capacity` (cost, capacity, multi-tenancy), `rack` (scaling, beyond one rack, oversubscription),
 `micro` (chunk sweep, breakdown, bandwidth per PS) and `context` (paper-only characterization).
 """

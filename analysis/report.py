@@ -124,7 +124,7 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
     return "\n".join([
         "# PHub reproduction: the paper's claims vs this run", "",
         "Each row is one claim of the paper (the SoCC'18 paper and its posters; the numbers are in "
-        "`lab/analysis/reference/`, with provenance) beside what this run measured. "
+        "`analysis/reference/`, with provenance) beside what this run measured. "
         f"Claims: {len(claims)} ({summary(claims)}). Only measured rows (agree, differ) count as "
         "measurements.", "",
         "## How agreement is judged", "", RULE, "",
@@ -141,7 +141,7 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
         *report_lines(results.software_cost, ref), "",
         "## A calibrated model of the paper's hardware (derived, never measured)", "",
         model.strip() if model else "Not made for this run (`python -m analysis.model --results DIR`).", "",
-        "## Figures", "", "Ours beside the paper's. The captions are in `lab/analysis/captions/`.", "",
+        "## Figures", "", "Ours beside the paper's. The captions are in `analysis/captions/`.", "",
         figures_list(figures_dir, report_path), ""])
 
 

@@ -5,7 +5,7 @@ Each figure function takes the tidy data (run rows; the convergence curves for `
 the reference tables and an output directory, writes `<name>.png` atomically and returns its path.
 When a figure has no data of ours, its panel says "no data from this run" instead of failing.
 `render` also writes the run's caption, `<name>.rst` beside the PNG (for Snakemake's
-`report()`): the static caption `lab/analysis/captions/<name>.rst` and one sentence counting our
+`report()`): the static caption `analysis/captions/<name>.rst` and one sentence counting our
 points by what bounded them (the emulated network, this machine's CPU, or both).
 """
 from __future__ import annotations

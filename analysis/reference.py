@@ -1,4 +1,4 @@
-"""The paper's numbers (the CSVs in `lab/analysis/reference/`) and how its system names map to ours.
+"""The paper's numbers (the CSVs in `analysis/reference/`) and how its system names map to ours.
 
 Every reference CSV carries `#` lines with its provenance; `load()` keeps them next to the data so
 figures and the report can quote where a number came from.
