@@ -414,13 +414,30 @@ def flush_links(outbox: List[Link]) -> None:
     outbox.clear()
 
 
+CONNECT_RETRY_MAX = 1.0  # seconds between two tries at most, while the server is not listening yet
+
+
 def connect(address, timeout: float) -> socket.socket:
-    """A blocking TCP connect with a deadline; OSError names the address on failure."""
-    try:
-        sock = socket.create_connection(address, timeout=timeout)
-    except OSError as exc:
-        raise OSError(f"cannot connect to phub server at {address[0]}:{address[1]}: {exc}") from None
-    return sock
+    """A TCP connection to a phub server; blocks until it is made, at most `timeout` seconds.
+
+    A refused connection is tried again (after 50 ms, doubling up to 1 s) until `timeout` has
+    passed: a worker may start before its server listens (`srun` starts every task at once).
+    OSError names the address and, when the server never came up, the timeout."""
+    deadline = time.monotonic() + timeout
+    pause = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return socket.create_connection(address, timeout=max(left, 0.001))
+        except ConnectionRefusedError:
+            if left <= pause:
+                raise OSError(f"no phub server listens at {address[0]}:{address[1]}: connections were refused "
+                              f"for {timeout:g} s (the worker's connect timeout, PHUB_TIMEOUT); is the server "
+                              "started, and is that its address?") from None
+        except OSError as exc:
+            raise OSError(f"cannot connect to phub server at {address[0]}:{address[1]}: {exc}") from None
+        time.sleep(pause)  # not a synchronization: the server is not up yet, ask again
+        pause = min(pause * 2, CONNECT_RETRY_MAX)
 
 
 def parse_addresses(text: str) -> List[Tuple[str, int]]:
