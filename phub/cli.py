@@ -160,16 +160,35 @@ def cmd_server(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    import os
+
     from .config import JobSpec
     from .launch import own_python, run_with_restarts
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError("phub launch: give the worker command after --")
-    result = run_with_restarts(own_python(command), args.workers, _server_config(args, [JobSpec(0, args.workers)], True),
-                               args.max_restarts)
+    cluster = None
+    if args.hostfile or args.from_slurm:
+        from .launch_hosts import launch_cluster
+
+        cluster = launch_cluster(args.hostfile, args.from_slurm, args.workers, args.pboxes, args.interface_regex,
+                                 args.remote_shell)
+    elif args.workers is None:
+        raise ConfigError("phub launch: give the number of workers (-n N), or --hostfile FILE / --from-slurm")
+    elif args.remote_shell:
+        raise ConfigError("phub launch: --remote-shell goes with --hostfile (a hostfile with launcher: ssh)")
+    workers = len(cluster.workers) if cluster else args.workers
+    unset = [name for name in args.env if name not in os.environ]
+    if unset:
+        raise ConfigError(f"phub launch: --env {unset[0]}: no such variable in this environment")
+    passed = {name: os.environ[name] for name in args.env}
+    result = run_with_restarts(own_python(command), workers, _server_config(args, [JobSpec(0, workers)], True),
+                               args.max_restarts, cluster=cluster, extra_env=passed)
     if result.status:
         print(f"phub launch: {result.failed}; stopped the other processes", file=sys.stderr)
+    elif result.carried:
+        print(result.carried, file=sys.stderr)
     return result.status
 
 
@@ -228,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--job", action="append", default=[], metavar="ID:WORKERS[:TOKEN]",
                         help="a job to accept (repeatable); default: job 0 with --workers workers")
     server.add_argument("--workers", type=int_in(1, MAX_WORKERS), default=1, help="workers of the default job 0")
-    server.add_argument("--once", action="store_true", help="exit when every job has ended")
+    server.add_argument("--once", action="store_true",
+                        help="exit when every job has ended (default: serve on; a job whose run ended "
+                             "cleanly takes its next run, with the same id)")
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
     server.add_argument("--peers", type=_peers, default=(),
@@ -238,12 +259,32 @@ def build_parser() -> argparse.ArgumentParser:
     server.set_defaults(func=cmd_server)
 
     launch = sub.add_parser(
-        "launch", help="start a server and N workers running CMD on this machine",
-        description="Start a phub server and N workers running CMD; exit 0 once every worker exited 0 "
-                    "(whether or not it called close()), else non-zero naming the first failure. A CMD "
-                    "whose first word is `python` or `python3` runs with this phub's own interpreter "
-                    f"({sys.executable}), activated or not; give a path to run another.")
-    launch.add_argument("-n", "--workers", type=int_in(1, MAX_WORKERS), required=True, help="number of workers")
+        "launch", help="start a server and N workers running CMD, on this machine or a hostfile's nodes",
+        description="Start a phub server and N workers running CMD (on this machine, or with --hostfile / "
+                    "--from-slurm the server on the PBox node(s) and one worker per worker slot); exit 0 once "
+                    "every worker exited 0 (whether or not it called close()), else non-zero naming the first "
+                    "failure. Workers get PHUB_* and torch's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, "
+                    "MASTER_ADDR, MASTER_PORT. A CMD whose first word is `python` or `python3` runs with this "
+                    f"phub's own interpreter ({sys.executable}, the same path on every node), activated or not; "
+                    "give a path to run another.")
+    launch.add_argument("-n", "--workers", type=int_in(1, MAX_WORKERS), default=None,
+                        help="number of workers (with --hostfile/--from-slurm: default every worker slot)")
+    hosts_from = launch.add_mutually_exclusive_group()
+    hosts_from.add_argument("--hostfile", metavar="FILE",
+                            help="run on the nodes FILE names (see `phub hostfile`; launcher srun, ssh or local)")
+    hosts_from.add_argument("--from-slurm", action="store_true",
+                            help="run on the nodes of the SLURM allocation this runs in, through srun "
+                                 "(the first --pboxes nodes serve, the others are workers)")
+    launch.add_argument("--pboxes", type=positive_int, default=1, help="--from-slurm: PBox nodes (default 1)")
+    launch.add_argument("--interface-regex", metavar="REGEX", default=None,
+                        help="--from-slurm: the interfaces to use (default: all but loopback)")
+    launch.add_argument("--remote-shell", metavar="TEMPLATE", default=None,
+                        help="a hostfile with launcher ssh: the command that runs its last argument (a shell "
+                             "command line) on node {node} (address {address}); default the file's remote_shell, "
+                             "else 'ssh -o BatchMode=yes {node}'")
+    launch.add_argument("--env", action="append", default=[], metavar="NAME",
+                        help="pass this environment variable on to every worker (repeatable; ssh nodes get only "
+                             "PATH, PYTHONPATH, VIRTUAL_ENV, OMP_NUM_THREADS and PHUB_* otherwise)")
     launch.add_argument("--max-restarts", type=int_in(0, 1000), default=0,
                         help="start the whole job again after a failure, up to this many times (default 0); "
                              "workers read the start's number in PHUB_RESTART_COUNT and resume from their "
@@ -267,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--from-slurm", action="store_true",
                        help="the nodes of the allocation this runs in (first PBoxes, then workers)")
     which.add_argument("--check", metavar="FILE", help="read a hostfile and list its nodes")
-    hosts.add_argument("--pboxes", type=positive_int, default=1, help="--from-slurm: PBox nodes, one per rack (default 1)")
+    hosts.add_argument("--pboxes", type=positive_int, default=1,
+                       help="--from-slurm: PBox nodes, one per rack (default 1)")
     hosts.add_argument("--interface-regex", metavar="REGEX", default=None,
                        help="--from-slurm: use the interfaces whose name matches (default: all but loopback)")
     hosts.add_argument("--out", help="--from-slurm: write the hostfile here (default: stdout)")

@@ -24,6 +24,7 @@ from .client import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_W
 from .cluster import Cluster, Node
 from .config import JobSpec, ServerConfig
 from .errors import ConfigError, PHubError
+from .launch_hosts import carried_line, on_node, torch_env
 from .supervisor import Supervisor, exit_status
 
 READY_TIMEOUT = 60.0
@@ -35,6 +36,7 @@ class JobResult:
     status: int
     failed: Optional[str] = None  # who failed first, in words
     worker_status: Dict[str, int] = field(default_factory=dict)  # by worker name, e.g. `rank 0`
+    carried: Optional[str] = None  # what PHub carried, in one line (jobs, workers, bytes, rounds)
 
 
 def own_python(command: Sequence[str]) -> List[str]:
@@ -65,6 +67,7 @@ class _Joins:
     def __init__(self):
         self.members: set = set()
         self.failure: Optional[dict] = None  # the first `failed` event: job, rank (or None), message
+        self.ended: List[dict] = []  # `ended` events: what each core carried for a job that ended cleanly
         self.readers = 0  # servers whose stdout is still read
         self.changed = threading.Condition()
 
@@ -83,6 +86,8 @@ class _Joins:
                     self.members.add((event.get("job"), event.get("rank")))
                 elif event.get("event") == "failed" and self.failure is None:
                     self.failure = event
+                elif event.get("event") == "ended":
+                    self.ended.append(event)
                 self.changed.notify_all()
         stream.close()
         with self.changed:
@@ -95,6 +100,11 @@ class _Joins:
         with self.changed:
             self.changed.wait_for(lambda: self.failure is not None or self.readers == 0, wait)
             return self.failure
+
+    def all_read(self, wait: float) -> None:
+        """Wait up to `wait` seconds until every server's stdout has been read to its end."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.readers == 0, wait)
 
     def missing(self, expected: Sequence[Tuple[int, int]], wait: float = 0.0) -> List[Tuple[int, int]]:
         """The `expected` (job, rank) pairs not reported yet, after waiting up to `wait` seconds."""
@@ -202,8 +212,9 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     limit; past it the job fails naming the workers still running). With several `config.jobs`
     (their workers adding up to `num_workers`) one server serves them all: the first job's ranks
     run on the first worker nodes, the next job's after them, each with `job_env[job id]` added to
-    `extra_env`. Worker output is streamed line by line with a `[rank R]` prefix (`[job J rank R]`
-    with several jobs), servers' with `[server NAME]`."""
+    `extra_env`. Every worker also gets torch's variables (`phub.launch_hosts.torch_env`). Worker
+    output is streamed line by line with a `[rank R]` prefix (`[job J rank R]` with several jobs;
+    `[NODE rank R]` on a hostfile's nodes), servers' with `[server NAME]`."""
     config = config or ServerConfig()
     if cluster is None:
         cluster = Cluster((Node("server", config.interfaces),),
@@ -219,26 +230,32 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     result = JobResult(0)
     joins = _Joins()
+    named_nodes = cluster.extra.get("network") == "hostfile"
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with Supervisor() as supervisor:
             addresses = {}
-            started = [(node, supervisor.start(f"the phub server on {node.name}", node.argv(
-                           [sys.executable, "-m", "phub", "server", *node_config.to_argv()]), service=True,
-                           output=stderr, stdout=subprocess.PIPE, prefix=f"[server {node.name}] " if prefix_output else ""))
-                       for node, node_config in zip(cluster.servers, server_configs(cluster, config, num_workers))]
+            started = []
+            for node, node_config in zip(cluster.servers, server_configs(cluster, config, num_workers)):
+                argv, _, stdin = on_node(node, [sys.executable, "-m", "phub", "server", *node_config.to_argv()], None)
+                started.append((node, supervisor.start(
+                    f"the phub server on {node.name}", argv, service=True, output=stderr, stdout=subprocess.PIPE,
+                    prefix=f"[server {node.name}] " if prefix_output else "", stdin=stdin)))
             for node, proc in started:
                 addresses[node.name] = _await_ready(proc, node, joins)
             nodes = {}  # process name -> its node's name
+            sizes = {job: spec.num_workers if several else num_workers for job, spec in specs.items()}
+            torch_vars = torch_env(members, cluster.workers, sizes)
             for index, ((job, rank), node) in enumerate(zip(members, cluster.workers)):
                 nodes[name(job, rank)] = node.name
                 address = ",".join(addresses[server.name] for server in cluster.servers_of(index))
                 spec = specs[job]
-                env = {**(extra_env or {}), **(job_env or {}).get(job, {}),
-                       **worker_env(address, rank, spec.num_workers if several else num_workers, job,
-                                    spec.token, config.timeout)}
-                supervisor.start(name(job, rank), node.argv(command), env=env, output=stderr, stdout=stdout,
-                                 prefix=f"[{name(job, rank)}] " if prefix_output else "")
+                env = {**torch_vars[index], **(extra_env or {}), **(job_env or {}).get(job, {}),
+                       **worker_env(address, rank, sizes[job], job, spec.token, config.timeout)}
+                argv, env, stdin = on_node(node, command, env)
+                label = f"{node.name} {name(job, rank)}" if named_nodes else name(job, rank)
+                supervisor.start(name(job, rank), argv, env=env, output=stderr, stdout=stdout,
+                                 prefix=f"[{label}] " if prefix_output else "", stdin=stdin)
             connect_by = time.monotonic() + config.connect_wait
 
             def never_connected() -> Optional[str]:
@@ -263,6 +280,9 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                               f"server{_hints(supervisor, [name(*member) for member in missing])}"
             failure = failure or supervisor.wait_services()
             result.worker_status = dict(supervisor.worker_status)
+            if not failure:
+                joins.all_read(_JOIN_LAG)  # the servers have exited: their last events are on the way
+                result.carried = carried_line(joins.ended, sizes)
             if failure:
                 result.status, result.failed = 1, failure
     except KeyboardInterrupt:

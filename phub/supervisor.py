@@ -105,16 +105,25 @@ class Supervisor:
         self.stop()
 
     def start(self, name: str, argv: Sequence[str], *, service: bool = False, env: Optional[Dict[str, str]] = None,
-              output=None, stdout=None, prefix: Optional[str] = None) -> subprocess.Popen:
+              output=None, stdout=None, prefix: Optional[str] = None,
+              stdin: Optional[bytes] = None) -> subprocess.Popen:
         """Start `argv` (`env`: this process's environment plus these) in a session of its own; does
         not block. Its stderr lines go to `output` after `prefix` (default `[NAME] `), its stdout
         lines to `stdout`, or to `output` too when `stdout` is None, or stay unread for the caller
-        when `stdout` is subprocess.PIPE."""
+        when `stdout` is subprocess.PIPE. `stdin`: bytes written to its stdin, which then stays
+        open until the process is stopped (else it reads nothing)."""
         prefix = f"[{name}] " if prefix is None else prefix
         merged = stdout is None
-        proc = subprocess.Popen(list(argv), env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(list(argv), env=dict(os.environ, **(env or {})),
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merged else subprocess.PIPE,
                                 start_new_session=True)
+        if stdin is not None:
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.flush()
+            except BrokenPipeError:  # it exited at once: its status says why
+                pass
         (self._services if service else self._workers).append((name, proc))
         self._processes[name] = proc
         if output is not None:
@@ -201,6 +210,12 @@ class Supervisor:
         """SIGTERM every process group still running, SIGKILL what is left after `grace` seconds;
         then wait (at most `grace` seconds more) until their output has all been pumped."""
         stop_processes([proc for _, proc in self._services + self._workers], grace)
+        for _, proc in self._services + self._workers:
+            if proc.stdin is not None:  # a remote node's wrapper stops its command when this closes
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
         end = time.monotonic() + grace
         for thread in self._pumps:
             thread.join(max(0.0, end - time.monotonic()))

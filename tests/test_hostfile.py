@@ -22,7 +22,7 @@ HOSTS = {
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"launcher": "ssh"}, "'launcher'"),
+    ({"launcher": "pdsh"}, "'launcher'"),
     ({"nodes": []}, "'nodes'"),
     ({"workers": []}, "'workers'"),
     ({"workers": [{"name": "w0"}]}, "'workers[0].addresses'"),

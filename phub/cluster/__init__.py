@@ -2,11 +2,14 @@
 
 A `Cluster` names one server node (a PBox) per rack, or one per worker for a sharded server, and
 the worker nodes. A node runs commands through an argv prefix: empty on this machine (loopback),
-`ip netns exec NS` inside an emulated rack (see `experiments.rack.emulated`), `srun -w HOST` on SLURM.
+`ip netns exec NS` inside an emulated rack (see `experiments.rack.emulated`), `srun -w HOST` on SLURM,
+or a remote shell (`ssh HOST`: a `shell` node, whose prefix takes one shell command line and
+passes no environment; the launcher wraps its commands, see `phub.launch_remote`).
 The launcher only ever calls `Node.argv`, so every placement starts processes the same way.
 """
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import List, Sequence, Tuple
 
@@ -19,6 +22,7 @@ class Node:
     addresses: Tuple[str, ...]  # the node's interfaces; a server listens on all of them
     prefix: Tuple[str, ...] = ()  # argv prefix that runs a command on this node
     rack: int = 0
+    shell: bool = False  # the prefix runs its last argument, one shell command line (ssh HOST)
 
     def __post_init__(self):
         object.__setattr__(self, "addresses", tuple(self.addresses))
@@ -27,6 +31,8 @@ class Node:
             raise ConfigError(f"node {self.name!r} has no address")
 
     def argv(self, argv: Sequence[str]) -> List[str]:
+        if self.shell:
+            return [*self.prefix, shlex.join(argv)]
         return [*self.prefix, *argv]
 
 
@@ -58,7 +64,8 @@ class Cluster:
     def sharded(self) -> "Cluster":
         """The same nodes with a server shard on every worker node instead of the PBoxes (PShard,
         ps-lite's sharded servers)."""
-        shards = tuple(Node(f"shard{g}", w.addresses, w.prefix, rack=w.rack) for g, w in enumerate(self.workers))
+        shards = tuple(Node(f"shard{g}", w.addresses, w.prefix, rack=w.rack, shell=w.shell)
+                       for g, w in enumerate(self.workers))
         return Cluster(shards, self.workers, hierarchical=False, extra=self.extra)
 
     def servers_of(self, worker: int) -> Tuple[Node, ...]:

@@ -1,11 +1,16 @@
 """Real machines as a Cluster: a hostfile names the nodes, their interfaces and their roles.
 
-    launcher: srun                 # how a command starts on a node: srun (in a SLURM allocation) or local
+    launcher: srun                 # how a command starts on a node: srun (in a SLURM allocation), ssh or local
     pboxes:                        # server nodes: one PBox per rack (several: two-phase reduction)
       - {name: node01, addresses: [10.0.0.1, 10.0.1.1], rack: 0}
-    workers:                       # worker nodes, in rank order
-      - {name: node02, addresses: [10.0.0.2], rack: 0}
+    workers:                       # worker nodes, in rank order; `slots`: workers on it (default 1)
+      - {name: node02, addresses: [10.0.0.2], rack: 0, slots: 2}
       - {name: node03, addresses: [10.0.0.3], rack: 0}
+
+With `ssh`, every command runs through the remote shell `remote_shell` (a key of the file, or
+`phub launch --remote-shell`): a command template whose `{node}` is the node's name and `{address}`
+its first address, which runs its last argument, one shell command line, there; the default is
+`ssh -o BatchMode=yes {node}`. `ip netns exec {node} sh -c` reaches emulated nodes the same way.
 
 With `srun`, every command runs as a job step on its node (`srun --overlap --nodelist=NAME`,
 the caller's environment exported), so this process must run inside the allocation that holds
@@ -18,42 +23,65 @@ Every error names the file and the key at fault.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
+import shlex
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from . import Cluster, Node
 
-LAUNCHERS = ("srun", "local")
+LAUNCHERS = ("srun", "ssh", "local")
+DEFAULT_REMOTE_SHELL = "ssh -o BatchMode=yes {node}"
 _NODE_KEYS = {"name", "addresses", "rack"}
+_TOP_KEYS = ("launcher", "remote_shell", "pboxes", "workers")
 
 
-def launcher_prefix(launcher: str, node: str) -> tuple:
-    """The argv prefix that runs a command on `node`."""
+def launcher_prefix(launcher: str, node: str, remote_shell: str = DEFAULT_REMOTE_SHELL, address: str = "") -> tuple:
+    """The argv prefix that runs a command on `node` (`remote_shell`, `address`: for ssh)."""
     if launcher == "local":
         return ()
     if launcher == "srun":
         return ("srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--export=ALL",
                 "--kill-on-bad-exit=1", "--quiet")
+    if launcher == "ssh":
+        return remote_shell_prefix(remote_shell, node, address)
     raise ConfigError(f"launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
 
 
-def parse_hostfile(data: Any, source: str = "<dict>") -> Cluster:
-    """A Cluster from a hostfile's content (see the module docstring); ConfigError names the key."""
+def remote_shell_prefix(template: str, node: str, address: str = "") -> tuple:
+    """The words of the remote shell `template` for `node`; ConfigError for an unknown placeholder."""
+    try:
+        words = tuple(word.format(node=node, address=address) for word in shlex.split(template))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"remote shell {template!r}: {exc} is not a placeholder ({{node}}, {{address}}) "
+                          "or the template does not parse") from None
+    if not words:
+        raise ConfigError("remote shell: the template is empty (e.g. 'ssh -o BatchMode=yes {node}')")
+    return words
+
+
+def parse_hostfile(data: Any, source: str = "<dict>", remote_shell: Optional[str] = None) -> Cluster:
+    """A Cluster from a hostfile's content (see the module docstring); ConfigError names the key.
+    `remote_shell`: the ssh launcher's template, over the file's own."""
     def error(key: str, message: str) -> ConfigError:
         return ConfigError(f"hostfile {source}: '{key}' {message}")
 
     if not isinstance(data, Mapping):
         raise ConfigError(f"hostfile {source}: expected a mapping with launcher, pboxes and workers")
-    unknown = sorted(set(map(str, data)) - {"launcher", "pboxes", "workers"})
+    unknown = sorted(set(map(str, data)) - set(_TOP_KEYS))
     if unknown:
-        raise error(unknown[0], "is not a known key (known: launcher, pboxes, workers)")
+        raise error(unknown[0], f"is not a known key (known: {', '.join(_TOP_KEYS)})")
     launcher = data.get("launcher", "srun")
     if launcher not in LAUNCHERS:
         raise error("launcher", f"must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    remote_shell = remote_shell or data.get("remote_shell", DEFAULT_REMOTE_SHELL)
+    if not isinstance(remote_shell, str):
+        raise error("remote_shell", f"must be a command template such as {DEFAULT_REMOTE_SHELL!r}, "
+                    f"got {remote_shell!r}")
 
     def nodes(role: str) -> List[Node]:
         entries = data.get(role)
@@ -64,9 +92,10 @@ def parse_hostfile(data: Any, source: str = "<dict>") -> Cluster:
             where = f"{role}[{i}]"
             if not isinstance(entry, Mapping):
                 raise error(where, f"must be a mapping with name and addresses, got {entry!r}")
-            extra = sorted(set(map(str, entry)) - _NODE_KEYS)
+            known = _NODE_KEYS | ({"slots"} if role == "workers" else set())
+            extra = sorted(set(map(str, entry)) - known)
             if extra:
-                raise error(f"{where}.{extra[0]}", "is not a known key (known: addresses, name, rack)")
+                raise error(f"{where}.{extra[0]}", f"is not a known key (known: {', '.join(sorted(known))})")
             name = entry.get("name")
             if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
                 raise error(f"{where}.name", f"must be a host name, got {name!r}")
@@ -83,7 +112,11 @@ def parse_hostfile(data: Any, source: str = "<dict>") -> Cluster:
             rack = entry.get("rack", 0)
             if isinstance(rack, bool) or not isinstance(rack, int) or rack < 0:
                 raise error(f"{where}.rack", f"must be an integer >= 0, got {rack!r}")
-            out.append(Node(name, tuple(addresses), launcher_prefix(launcher, name), rack))
+            slots = entry.get("slots", 1)
+            if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+                raise error(f"{where}.slots", f"must be an integer >= 1, got {slots!r}")
+            prefix = launcher_prefix(launcher, name, remote_shell, addresses[0])
+            out.extend([Node(name, tuple(addresses), prefix, rack, shell=launcher == "ssh")] * slots)
         return out
 
     pboxes, workers = nodes("pboxes"), nodes("workers")
@@ -113,17 +146,17 @@ def select(cluster: Cluster, workers: int, interfaces: Optional[int] = None, rac
         if count > len(pbox.addresses):
             raise ConfigError(f"hostfile {source}: PBox {pbox.name} has {len(pbox.addresses)} addresses, "
                               f"the run asks for {count} interfaces")
-        pboxes.append(Node(pbox.name, pbox.addresses[:count], pbox.prefix, r))
+        pboxes.append(dataclasses.replace(pbox, addresses=pbox.addresses[:count], rack=r))
     per_rack = workers // racks
     pools = [cluster.workers] if racks == 1 else [[w for w in cluster.workers if w.rack == r] for r in range(racks)]
-    chosen = [Node(w.name, w.addresses, w.prefix, r) for r, pool in enumerate(pools) for w in pool[:per_rack]]
+    chosen = [dataclasses.replace(w, rack=r) for r, pool in enumerate(pools) for w in pool[:per_rack]]
     if len(chosen) < workers:
         where = "" if racks == 1 else f" ({per_rack} in each of racks 0..{racks - 1})"
         raise ConfigError(f"hostfile {source}: the run needs {workers} workers{where}, it lists {len(cluster.workers)}")
     return Cluster(tuple(pboxes), tuple(chosen), hierarchical=racks > 1, extra=cluster.extra)
 
 
-def load_hostfile(path) -> Cluster:
+def load_hostfile(path, remote_shell: Optional[str] = None) -> Cluster:
     """parse_hostfile on a YAML or JSON file."""
     import yaml
 
@@ -137,7 +170,7 @@ def load_hostfile(path) -> Cluster:
         raise ConfigError(f"hostfile {path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"hostfile {path}: not valid YAML: {exc}") from None
-    return parse_hostfile(data, path)
+    return parse_hostfile(data, path, remote_shell)
 
 
 def _run(argv: Sequence[str], what: str, timeout: float = 60.0) -> str:

@@ -39,7 +39,7 @@ from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
 try:
-    from .._fastpath import drain_pushes, read_slots_of
+    from .._fastpath import drain_pushes, drain_rack_frames, rack_rounds_done, read_slots_of
 except ImportError:  # not built: every frame takes the Python path
     drain_pushes = None
 else:
@@ -230,6 +230,7 @@ class CoreProtocol:
                 if self.config.simulated_racks > 1:  # nothing more travels on the core's links to itself
                     for link in [*job.peer_links.values(), *job.loop_ins]:
                         self._drop(link)
+                self._carried(job)
                 job.release()
         elif kind is wire.Kind.STATE:
             pass  # a checkpointed momentum, already in place (JobState.state_target)
@@ -252,12 +253,25 @@ class CoreProtocol:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
 
     def fast_pushes(self, conn, staging: memoryview, start: int, end: int):
-        """The C loop over a staged link's pushes (see transport.StagedLink); a worker's link only."""
+        """The C loop over a staged link's pushes (see transport.StagedLink): a worker's link, or
+        the PARTIAL and TOTAL frames of a link to another rack's server."""
         peer = self.peers[conn]
         job = peer.job
-        if job is None or peer.rack >= 0 or job.state is None or job.ended is not None or peer.said_bye:
+        if job is None or job.state is None or job.ended is not None or peer.said_bye:
             return start, True  # the Python path handles (or refuses) what is there
         state = job.state
+        if peer.rack >= 0:
+            if type(state) is not HierarchicalJobState or peer.pending:
+                return start, True
+            out, results, completed = {}, {}, []
+            offset, at_frame = drain_rack_frames(staging, start, end, job.spec.job_id, self.config.rack, peer.rack,
+                                                 state.racks, peer.interface, state.fast_table, state.rack_table,
+                                                 state.rack_rows, state.fast_states, state.loop_optimizers, results,
+                                                 out, completed)
+            if offset != start:
+                job.last_progress = self.clock()
+                self._rack_rounds_sent(job, peer.interface, results, out, completed)
+            return offset, at_frame
         completed: list = []
         # One rack: the C loop optimizes the rounds it completes and builds their RESULT frames
         # (lane -> the frames' parts); with racks to combine, every round goes to `completed`.
@@ -275,12 +289,29 @@ class CoreProtocol:
                 for chunk, acc, last in completed:
                     finish(chunk, acc, last)
                     send(job, chunk)
+            elif type(state) is HierarchicalJobState:  # the partials (and an owner's sums) in C too
+                out, results, handed_back = {}, {}, []
+                rack_rounds_done(completed, job.spec.job_id, self.config.rack, state.racks, state.fast_table,
+                                 state.rack_table, state.rack_rows, state.fast_states, state.loop_optimizers,
+                                 results, out, handed_back)
+                self._rack_rounds_sent(job, state.plan.topology.lane_interface(peer.lane), results, out, handed_back)
             else:
                 for chunk, acc, last in completed:
                     self._act(job, state._local_round_done(chunk, acc, last))
             if job.said_bye and job.ended is None:  # a worker has left: these rounds may never complete
                 self._check_stranded(job, peer.lane, state.pending())
         return offset, at_frame
+
+    def _rack_rounds_sent(self, job: Job, interface: int, results: dict, out: dict, completed: list) -> None:
+        """Send what the C rack loops queued: RESULT frames (lane -> parts), frames to the other
+        racks on `interface`'s links (rack -> whole frames), and finish the rounds they handed
+        back ((state, total) each: a chunk's first round, or an optimizer they do not run)."""
+        if results:
+            job.data.send_result_frames(results, job.links)
+        for rack, frames in out.items():
+            self._to_rack(job, rack, interface, frames)
+        for state, total in completed:
+            self._send_result(job, job.state.finish_round(state, total, None).state)
 
     def _share(self, job: Job, name: str, value) -> None:
         """Keep rank 0's value and hand it to every worker on lane 0 (to later ones when they
@@ -320,6 +351,8 @@ class CoreProtocol:
         peer.greeted = True
         hello = messages.hello(body, self.limits)  # every field typed and bounded before it is used
         job = self.jobs[hello.job]
+        if job.ended == "" and self._serves_again:  # the job's last run ended cleanly: this is its next run
+            job = self._reopen(job)
         refusal = job.refusal(hello)
         if refusal:
             return self._refuse(conn, refusal)
@@ -361,6 +394,35 @@ class CoreProtocol:
         if lane == 0:  # what rank 0 shared before this worker connected
             for frame in job.shared.values():
                 conn.send(frame)
+
+    @property
+    def _serves_again(self) -> bool:
+        """A server that serves on (not `once`) takes a job's next run once its last one ended
+        cleanly; not on a rack server, whose links to the other racks belong to one run."""
+        return not self.config.once and not self.config.peers and self.config.simulated_racks == 1
+
+    def _reopen(self, job: Job) -> Job:
+        """A fresh state for the next run of a job whose last run ended cleanly (every worker
+        said BYE: nothing of that run is read again)."""
+        if job.data is not None:
+            job.data.close()
+        self.jobs[job.spec.job_id] = fresh = Job(job.spec, self.clock())
+        self.log(f"job {job.spec.job_id}: a new run starts")
+        return fresh
+
+    def _carried(self, job: Job) -> None:
+        """Say what the job's run carried through this core, as it ends cleanly: its workers, the
+        bytes they pushed and pulled, and its rounds (the most any key went through). The launcher
+        gets it as an `ended` event and sums the cores; a server started alone logs it."""
+        states = list(job.state.owned.values()) if job.state is not None else []
+        rounds = max((state.rounds for state in states), default=0)
+        carried = 2 * job.spec.num_workers * sum(state.rounds * state.chunk.nbytes for state in states)
+        if self.config.report_joins:
+            self.report({"event": "ended", "job": job.spec.job_id, "workers": job.spec.num_workers,
+                         "bytes": carried, "rounds": rounds})
+        else:
+            self.log(f"job {job.spec.job_id} ended cleanly: {job.spec.num_workers} worker(s) pushed and pulled "
+                     f"{carried} bytes through this core in {rounds} round(s)")
 
     def _admitted(self, conn, peer: Peer) -> None:
         """The peer's HELLO was accepted: it may now send frames of every size, and have as
