@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 QUICK := results/quick
 
-.PHONY: venv pyverbs test paper publish test-slurm check-quick clean
+.PHONY: venv pyverbs test paper publish test-slurm check-quick api-docs clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,11 @@ check-quick: venv
 		--min-measured 15
 	$(VENV)/bin/snakemake --profile profiles/local --configfile config/quick.yaml --report $(QUICK)/report.html
 	test -s $(QUICK)/report.html
+
+# The API reference (HTML, from the docstrings) into build/api/; strict: a pdoc warning fails it.
+# tests/test_docs.py builds it too, so CI's `make test` checks it.
+api-docs: venv
+	$(PY) docs/build_api.py build/api
 
 clean:
 	rm -rf $(VENV) build *.egg-info phub/*.so

@@ -1,6 +1,6 @@
 """One vocabulary: an option name means one thing in every command (phub's and the harness's,
-`python -m experiments`), and every option the README shows on a command line is one that
-command takes."""
+`python -m experiments`), and every option the README and the docs pages show on a command line
+is one that command takes (the dated notebooks keep the commands of their day)."""
 import argparse
 import re
 from collections import defaultdict
@@ -11,7 +11,9 @@ from phub.cli import build_parser
 
 HARNESS = "python -m experiments"
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {"lab-notes.md", "data-path-log.md"}
+PAGES = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in NOTEBOOKS)
 
 
 def _commands(parser: argparse.ArgumentParser, name: str = "phub"):
@@ -52,12 +54,13 @@ def _readme_uses():
     experiments COMMAND SUBCOMMAND` in the README, up to the end of the command: a code span's
     end, a comment, `--` before the workers' CMD, a table cell's end."""
     pattern = re.compile(r"(\bphub|-m experiments) ((?:bench|rack) [a-z]+|[a-z]+)\b([^`#|]*)")
-    for number, line in enumerate(README.read_text().splitlines(), 1):
-        for match in pattern.finditer(line):
-            arguments = match.group(3).split(" -- ")[0]
-            command = "phub" if match.group(1) == "phub" else HARNESS
-            for option in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", arguments):
-                yield number, f"{command} {match.group(2)}", option
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for match in pattern.finditer(line):
+                arguments = match.group(3).split(" -- ")[0]
+                command = "phub" if match.group(1) == "phub" else HARNESS
+                for option in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", arguments):
+                    yield f"{page.name}:{number}", f"{command} {match.group(2)}", option
 
 
 def test_every_option_the_readme_shows_is_one_its_command_takes():
@@ -67,4 +70,4 @@ def test_every_option_the_readme_shows_is_one_its_command_takes():
     assert len(uses) > 30  # the pattern finds the README's command lines
     wrong = [(number, command, option) for number, command, option in uses
              if option not in options.get(command, ())]
-    assert not wrong, f"README lines showing options their command does not take: {wrong}"
+    assert not wrong, f"README or docs lines showing options their command does not take: {wrong}"
