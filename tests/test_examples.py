@@ -1,5 +1,5 @@
-"""The README's training examples, run as written under `phub launch`: a run resumed from its
-checkpoint prints the same last epoch as one that ran through."""
+"""The training examples of the README and docs/integrations.md, run as written under `phub
+launch`: a run resumed from its checkpoint prints the same last epoch as one that ran through."""
 import os
 import subprocess
 import sys

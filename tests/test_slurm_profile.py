@@ -1,4 +1,4 @@
-"""The SLURM profile plans the quick grid with the requests the README states (no SLURM needed:
+"""The SLURM profile plans the quick grid with the requests docs/slurm.md states (no SLURM needed:
 a dry run); the one-node cluster scripts parse. `make test-slurm` runs them for real."""
 import os
 import re
