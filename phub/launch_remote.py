@@ -41,7 +41,12 @@ def _stop(child: subprocess.Popen) -> None:
 
 
 def main() -> int:
-    line = sys.stdin.buffer.readline()
+    line = b""
+    while not line.endswith(b"\n"):  # byte by byte: what follows the line is the watcher's
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        line += byte
     try:
         request = json.loads(line)
         argv, env, cwd = list(request["argv"]), dict(request["env"]), request["cwd"]
@@ -63,7 +68,8 @@ def main() -> int:
         signal.signal(sig, stop_on_signal)
 
     def stop_on_eof():
-        sys.stdin.buffer.read()  # returns when the launcher's end of the pipe closes
+        while os.read(0, 4096):  # returns b"" when the launcher's end of the pipe closes
+            pass
         _stop(child)
 
     threading.Thread(target=stop_on_eof, daemon=True).start()
@@ -75,4 +81,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # not sys.exit: the thread that watches stdin may still be reading it
