@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from .. import exiting, optim
 from ..client import Client, connect
-from ..errors import ConfigError
+from ..errors import ConfigError, PHubError
 from ._common import ensure_optimizer
 
 __all__ = ["init_process_group", "PHubHookState", "phub_hook", "register_hook", "ServerOptimizer"]
@@ -62,11 +62,21 @@ def init_process_group(client: Client, backend: str = "gloo", timeout: float = 3
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
 
 
-def _host_float32(tensor: torch.Tensor) -> Tuple[np.ndarray, bool]:
-    """A float32 numpy array for `tensor`: a view of it when possible; (array, is_view)."""
+def _float32_view(tensor: torch.Tensor) -> Optional[np.ndarray]:
+    """A flat float32 numpy view of `tensor` (no copy), or None where there can be none."""
     if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous():
-        return tensor.detach().numpy(), True
-    return tensor.detach().to("cpu", torch.float32).contiguous().numpy(), False
+        return tensor.detach().numpy().reshape(-1)
+    return None
+
+
+def _staged(staging: Dict[str, torch.Tensor], key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s values in `key`'s float32 host buffer (allocated on first use, then reused):
+    one pass of torch's conversion kernel, which reads any dtype, device or strides."""
+    buffer = staging.get(key)
+    if buffer is None or buffer.numel() != tensor.numel():
+        buffer = staging[key] = torch.empty(tensor.numel(), dtype=torch.float32)
+    buffer.view(tensor.shape).copy_(tensor.detach())
+    return buffer
 
 
 class PHubHookState:
@@ -82,6 +92,7 @@ class PHubHookState:
         self.client = connect() if client is None else client
         self.prefix = prefix
         self.keys: Dict[Tuple[int, int], str] = {}
+        self.staging: Dict[str, torch.Tensor] = {}  # float32 buffers of buckets that cannot be viewed
         self._pending: "queue.Queue" = queue.Queue()
         self._thread = threading.Thread(target=self._complete, name="phub-ddp-hook", daemon=True)
         self._thread.start()
@@ -100,11 +111,11 @@ class PHubHookState:
             item = self._pending.get()
             if item is None:
                 return
-            handle, future, buffer, host, is_view = item
+            handle, future, buffer, staged = item
             try:
                 handle.wait()
-                if not is_view:
-                    buffer.copy_(torch.from_numpy(host))
+                if staged is not None:  # back to the bucket's own dtype and device, one pass
+                    buffer.copy_(staged)
                 future.set_result(buffer)
             except BaseException as exc:  # the future carries it to DDP's backward
                 future.set_exception(exc)
@@ -120,16 +131,22 @@ def phub_hook(state: PHubHookState, bucket: dist.GradBucket) -> torch.futures.Fu
     """DDP communication hook: the bucket's mean over all workers, computed by the PHub server.
 
     Returns at once with a future that the state's helper thread completes when the result is
-    in the bucket. Registering a new bucket layout blocks until every worker registered it.
+    in the bucket, so DDP goes on with backward while the bucket travels. A float32 CPU bucket
+    travels in place; any other is converted into its key's float32 buffer and back (module
+    docstring). Registering a new bucket layout blocks until every worker registered it.
     Errors from PHub (JobFailed, PHubTimeout) surface through the future in DDP's backward.
     """
     ensure_optimizer(state.client, optim.Aggregate(average=True))
     buffer = bucket.buffer()
     key = state.key(bucket.index(), buffer.numel())
-    host, is_view = _host_float32(buffer)
+    host = _float32_view(buffer)
+    staged = None
+    if host is None:
+        staged = _staged(state.staging, key, buffer)
+        host = staged.numpy()
     future: torch.futures.Future = torch.futures.Future()
     handle = state.client.pushpull_async(key, host)  # in place: host receives the mean
-    state._pending.put((handle, future, buffer, host, is_view))
+    state._pending.put((handle, future, buffer, staged))
     return future
 
 
@@ -151,15 +168,23 @@ class ServerOptimizer(torch.optim.Optimizer):
     every step, so torch's lr schedulers work. With `average=True` (default) the server applies
     1/num_workers to the summed gradients: N workers with batch b train like one with N*b.
 
+    With `overlap=True` (default) a parameter's gradient is pushed as soon as backward has
+    produced it (a post-accumulate-grad hook), so the exchange overlaps with the rest of
+    backward as DDP's allreduce does, and its new weights land in it while backward goes on
+    (backward no longer reads a parameter whose gradient is complete). Hence, with overlap,
+    the gradient that `backward()` leaves is the one pushed: a second backward before `step()`
+    (gradient accumulation) raises PHubError, and changing `.grad` (clipping) before `step()`
+    has no effect; pass `overlap=False` for those, and then `step()` pushes every gradient.
+
     Construction registers every parameter with the server and overwrites it with rank 0's
     values (blocks until all workers did the same, in the same order). `step()` blocks until the
-    new weights are in the parameters. A parameter without a gradient is pushed as zeros, so
-    that every worker pushes the same keys (it still decays and keeps its momentum).
+    new weights are in the parameters. A parameter without a gradient is pushed as zeros by
+    `step()`, so that every worker pushes the same keys (it still decays and keeps its momentum).
     """
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  nesterov: bool = False, client: Optional[Client] = None, prefix: str = "param",
-                 average: bool = True):
+                 average: bool = True, overlap: bool = True):
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ConfigError(f"lr, momentum and weight_decay must be >= 0, got {lr}, {momentum}, {weight_decay}")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov))
@@ -168,14 +193,25 @@ class ServerOptimizer(torch.optim.Optimizer):
             exiting.close_when_collected(self, self.client)
         self.average = average
         self._keys: Dict[torch.Tensor, str] = {}
+        self._group: Dict[torch.Tensor, dict] = {}
+        self._staging: Dict[str, torch.Tensor] = {}  # float32 buffers of parameters that cannot be viewed
+        self._inflight: Dict[torch.Tensor, tuple] = {}  # this step's pushes: parameter -> (handle, staged)
         params = [p for group in self.param_groups for p in group["params"]]
         keys = [f"{prefix}{i}" for i in range(len(params))]
-        hosts = [_host_float32(p.data) for p in params]
-        self.client.init(keys, [h for h, _ in hosts])  # now rank 0's values
-        for p, key, (host, is_view) in zip(params, keys, hosts):
+        hosts = []
+        for p, key in zip(params, keys):
+            view = _float32_view(p.data)
+            hosts.append(view if view is not None else _staged(self._staging, key, p.data).numpy())
+        self.client.init(keys, hosts)  # now rank 0's values
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._group[p] = group
+        for p, key in zip(params, keys):
             self._keys[p] = key
-            if not is_view:
-                p.data.copy_(torch.from_numpy(host))
+            if key in self._staging:
+                p.data.copy_(self._staging[key].view(p.shape))
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                       for p in params if overlap and p.requires_grad]
 
     def _server_optimizer(self, group) -> optim.Optimizer:
         rescale = 1.0 / self.client.num_workers if self.average else 1.0
@@ -199,25 +235,45 @@ class ServerOptimizer(torch.optim.Optimizer):
         self.client.load_optimizer_state({key: self.state[p][MOMENTUM].detach().cpu().numpy()
                                           for p, key in self._keys.items() if MOMENTUM in self.state[p]})
 
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        if p in self._inflight:
+            raise PHubError("ServerOptimizer(overlap=True) pushed this parameter's gradient in an earlier "
+                            "backward and step() has not run since: for gradient accumulation, pass overlap=False")
+        with torch.no_grad():
+            self._push(p, p.grad)
+
+    def _push(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Push `grad` for `p`; the new weights land in `p` (or its float32 buffer, staged)."""
+        # One optimizer per round: a group's learning rate applies only to its own parameters.
+        ensure_optimizer(self.client, self._server_optimizer(self._group[p]))
+        key = self._keys[p]
+        weights = _float32_view(p.data)
+        if weights is None:  # half precision, GPU, strided: one float32 buffer, in place
+            staged = _staged(self._staging, key, grad)
+            handle = self.client.pushpull_async(key, staged.numpy())
+            self._inflight[p] = (handle, staged)
+            return
+        grad_host = _float32_view(grad)
+        if grad_host is None:  # a float32 parameter with a strided gradient: rare, so not cached
+            grad_host = grad.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1)
+        handle = self.client.pushpull_async(key, grad_host, out=weights)
+        self._inflight[p] = (handle, grad_host)
+
     @torch.no_grad()
     def step(self, closure=None):
-        """Push every parameter's gradient, wait for the new weights; returns closure's loss."""
+        """Push the gradients backward has not pushed yet, wait for every new weight; returns
+        closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            # One group at a time: a group's learning rate applies only to its own round.
-            ensure_optimizer(self.client, self._server_optimizer(group))
-            inflight: List[tuple] = []
             for p in reversed(group["params"]):  # last layers first, as backward produced them
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                grad_host, _ = _host_float32(grad)
-                weight_host, is_view = _host_float32(p.data)
-                handle = self.client.pushpull_async(self._keys[p], grad_host, out=weight_host)
-                inflight.append((handle, p, weight_host, is_view))
-            for handle, p, weight_host, is_view in inflight:
-                handle.wait()
-                if not is_view:
-                    p.data.copy_(torch.from_numpy(weight_host))
+                if p not in self._inflight:
+                    self._push(p, p.grad if p.grad is not None else torch.zeros_like(p))
+        inflight, self._inflight = self._inflight, {}
+        for p, (handle, staged) in inflight.items():
+            handle.wait()
+            if isinstance(staged, torch.Tensor):  # back to the parameter's dtype and device
+                p.data.copy_(staged.view(p.shape))
         return loss
