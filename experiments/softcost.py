@@ -36,7 +36,7 @@ COLUMNS = ("experiment", "system", "model", "workers", "servers", "cores", "mess
            "role", "category", "processes", "cpu_seconds_per_exchange", "bytes_per_exchange",
            "messages_per_exchange", "data_messages_per_exchange", "messages_source", "seconds_per_iteration",
            "iterations", "monitor_cpu_seconds_per_exchange", "compute_seconds_per_iteration", "repeat",
-           "git_commit", "host", "cpu_model", "cpu_steal")
+           "git_commit", "host", "cpu_model", "cpu_steal", "wait_seconds_per_exchange")
 
 GLOO_MAX_SEGMENT_BYTES = 1024 * 1024  # gloo's ring allreduce: at most this much per send (kMaxSegmentSize)
 # System calls a thread that waits for the network blocks in (x86-64 numbers): poll, select,
@@ -176,6 +176,8 @@ class ThreadTrace:
     is_worker: bool
     points: List[Tuple[float, float]] = field(default_factory=list)
     blocked: Counter = field(default_factory=Counter)
+    # (time, seconds spent ready to run but waiting for a core so far: schedstat's 2nd field)
+    waits: List[Tuple[float, float]] = field(default_factory=list)
 
 
 def cpu_at(points: Sequence[Tuple[float, float]], t: float) -> float:
@@ -206,7 +208,8 @@ def block_window(windows: Sequence[Optional[Sequence[float]]]) -> Tuple[float, f
     return (statistics.fmean(w[0] for w in windows), statistics.fmean(w[1] for w in windows))
 
 
-def cpu_by_role(traces: Iterable[ThreadTrace], system: str, window: Tuple[float, float]) -> Dict[str, Tuple[float, int]]:
+def cpu_by_role(traces: Iterable[ThreadTrace], system: str,
+                window: Tuple[float, float]) -> Dict[str, Tuple[float, int]]:
     """{role: (CPU seconds inside `window`, processes or threads counted)}: servers count their
     processes, worker_io its threads, worker_framework the worker processes. A thread counts
     where it used CPU inside the window."""
@@ -221,6 +224,21 @@ def cpu_by_role(traces: Iterable[ThreadTrace], system: str, window: Tuple[float,
         seconds[role] += used
         who[role].add(trace.tid if role == "worker_io" else trace.pid)
     return {role: (seconds[role], len(who[role])) for role in ROLES}
+
+
+def wait_by_role(traces: Iterable[ThreadTrace], system: str, window: Tuple[float, float]) -> Dict[str, float]:
+    """{role: seconds its threads spent ready to run but waiting for a core inside `window`}
+    (the run-queue wait: on a machine with fewer cores than runnable threads, the part of the
+    wall time that is neither CPU nor waiting for the network). Threads without wait samples
+    (traces made before it was recorded) count nothing."""
+    start, end = window
+    waited = {role: 0.0 for role in ROLES}
+    for trace in traces:
+        if not trace.waits or cpu_at(trace.points, end) - cpu_at(trace.points, start) <= 0:
+            continue
+        role = thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked)
+        waited[role] += max(0.0, cpu_at(trace.waits, end) - cpu_at(trace.waits, start))
+    return waited
 
 
 # Kinds of code, first match wins: (category, dso pattern, symbol pattern). `kernel` is the
@@ -301,7 +319,7 @@ def _common(run: Mapping, block: Block) -> dict:
             "monitor_cpu_seconds_per_exchange": _per(block.monitor_cpu_seconds, block.iterations),
             "compute_seconds_per_iteration": run["compute_seconds_per_iteration"], "repeat": block.repeat,
             "git_commit": run["git_commit"], "host": run["host"], "cpu_model": run["cpu_model"],
-            "cpu_steal": "" if block.cpu_steal is None else block.cpu_steal}
+            "cpu_steal": "" if block.cpu_steal is None else block.cpu_steal, "wait_seconds_per_exchange": ""}
 
 
 def _per(seconds: Optional[float], iterations: int):
@@ -309,15 +327,18 @@ def _per(seconds: Optional[float], iterations: int):
 
 
 def role_rows(run: Mapping, block: Block, by_role: Mapping[str, Tuple[float, int]],
-              flows: Mapping[str, Traffic]) -> List[dict]:
+              flows: Mapping[str, Traffic], waits: Optional[Mapping[str, float]] = None) -> List[dict]:
     """The block's three role rows (`COLUMNS`). `run`: system, model, workers, servers, cores,
-    message_setting, compute_seconds_per_iteration, git_commit, host, cpu_model."""
+    message_setting, compute_seconds_per_iteration, git_commit, host, cpu_model. `waits`: each
+    role's run-queue wait in the block (`wait_by_role`); without it the column stays empty."""
     rows = []
     for role in ROLES:
         seconds, count = by_role[role]
         flow = flows[role]
+        wait = "" if waits is None else round(waits[role] / block.iterations, 6)
         rows.append(dict(_common(run, block), role=role, category="", processes=count,
                          cpu_seconds_per_exchange=round(seconds / block.iterations, 6),
+                         wait_seconds_per_exchange=wait,
                          message_bytes=flow.message_bytes, bytes_per_exchange=flow.bytes,
                          messages_per_exchange=flow.messages, data_messages_per_exchange=flow.data_messages,
                          messages_source="layout"))

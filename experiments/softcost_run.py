@@ -104,14 +104,16 @@ class ThreadSampler:
                 read = _read_thread(pid, int(tid))
                 if read is None:
                     continue
-                cpu, call, name = read
+                cpu, wait, call, name = read
                 key = (pid, int(tid))
                 trace = self._traces.get(key)
                 if trace is None:
                     trace = self._traces[key] = softcost.ThreadTrace(pid, int(tid), name, False)
                 trace.is_worker = self._workers[pid]
                 trace.name = name  # a thread may name itself after it starts
-                trace.points.append((time.monotonic(), cpu))
+                now = time.monotonic()
+                trace.points.append((now, cpu))
+                trace.waits.append((now, wait))
                 trace.blocked[call] += 1
 
 
@@ -124,18 +126,20 @@ def _is_worker(pid: int) -> bool:
 
 
 def _read_thread(pid: int, tid: int):
-    """(CPU seconds, system call it waits in or "running", name) of a thread; None once it is gone."""
+    """(CPU seconds, run-queue wait seconds, system call it waits in or "running", name) of a
+    thread; None once it is gone."""
     base = f"/proc/{pid}/task/{tid}"
     try:
         with open(f"{base}/schedstat") as f:
-            cpu = int(f.read().split()[0]) / 1e9
+            fields = f.read().split()
+        cpu, wait = int(fields[0]) / 1e9, int(fields[1]) / 1e9
         with open(f"{base}/syscall") as f:
             call = (f.read().split() or [""])[0]
         with open(f"{base}/comm") as f:
             name = f.read().strip()
     except (OSError, ValueError, IndexError):
         return None
-    return cpu, call, name
+    return cpu, wait, call, name
 
 
 def perf_usable() -> Optional[str]:
@@ -263,7 +267,8 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
         rate = bound.get("processes_cpu")
         block = softcost.Block(row["repeat"], row["iterations"], row["seconds_per_iteration"], window,
                                None if rate is None else rate * (window[1] - window[0]), bound.get("cpu_steal"))
-        role_rows += softcost.role_rows(run, block, softcost.cpu_by_role(traces, system, block.window), flows)
+        role_rows += softcost.role_rows(run, block, softcost.cpu_by_role(traces, system, block.window), flows,
+                                        softcost.wait_by_role(traces, system, block.window))
         if breakdown:
             pids = {t.pid for t in traces}
             by_category = softcost.breakdown(lines, pids, block.window, PERF_PERIOD_NS / 1e9)

@@ -27,7 +27,10 @@ ROLES = ("server", "worker_io", "worker_framework")
 REQUIRED = ("experiment", "system", "model", "workers", "message_setting", "role", "cpu_seconds_per_exchange",
             "bytes_per_exchange", "messages_per_exchange", "seconds_per_iteration", "repeat")
 NUMERIC = ("workers", "cpu_seconds_per_exchange", "bytes_per_exchange", "messages_per_exchange",
-           "seconds_per_iteration")
+           "seconds_per_iteration", "wait_seconds_per_exchange")
+# Optional: each role's run-queue wait per exchange (schedstat's 2nd field), recorded by runs
+# after it was added; older rows lack the column or leave it empty.
+WAIT = "wait_seconds_per_exchange"
 
 
 class SoftCostError(ValueError):
@@ -65,13 +68,16 @@ def load_softcost(directory: Union[str, Path]) -> pd.DataFrame:
 
 
 def role_points(softcost: pd.DataFrame) -> pd.DataFrame:
-    """The medians of the repeats: one row per (system, model, message_setting, role)."""
-    rows = softcost[softcost["role"].isin(ROLES)]
+    """The medians of the repeats: one row per (system, model, message_setting, role); `wait`
+    is NaN where the rows did not record the run-queue wait."""
+    rows = softcost[softcost["role"].isin(ROLES)].copy()
+    if WAIT not in rows:
+        rows[WAIT] = float("nan")
     keys = ["system", "model", "message_setting", "role"]
     return rows.groupby(keys).agg(
         cpu=("cpu_seconds_per_exchange", "median"), nbytes=("bytes_per_exchange", "median"),
         messages=("messages_per_exchange", "median"), seconds=("seconds_per_iteration", "median"),
-        workers=("workers", "first")).reset_index()
+        workers=("workers", "first"), wait=(WAIT, "median")).reset_index()
 
 
 def cores_in_use(softcost: pd.DataFrame) -> float:

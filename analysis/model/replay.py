@@ -87,6 +87,11 @@ class Machine:
     worker_node_cores: int = 1
     server_node_cores: int = 1
     cpu_speed: float = 1.0
+    # Per role, (role, its measured CPU plus run-queue wait over its CPU): the role's work takes
+    # that much longer on its thread, and no core is simulated, since the measured wait already
+    # holds every wait for a core (the job's own threads' and the machine's other work's).
+    # Empty: the cores are simulated (shared_cores or each node's own).
+    stretch: Tuple[Tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class Iteration:
         self.env = env = simpy.Environment()
         self.groups = group_layers(job)
         n, system = job.workers, job.system
-        shared = simpy.Resource(env, machine.shared_cores) if machine.shared_cores else None
+        shared = simpy.Resource(env, machine.shared_cores) if machine.shared_cores and not machine.stretch else None
 
         def cores(count):
             return shared or simpy.Resource(env, count)
@@ -201,8 +206,12 @@ class Iteration:
         for node, pool in zip(self.servers, self.server_threads):
             threads[id(node)] = threads.get(id(node), 0) + pool.capacity
         for node in {id(node): node for node in self.workers + self.servers}.values():
-            if node.cores is not shared and node.cores.capacity >= threads[id(node)]:
+            if machine.stretch or (node.cores is not shared and node.cores.capacity >= threads[id(node)]):
                 node.cores = None
+        stretch = dict(machine.stretch)
+        self.stretch = {id(t): stretch.get("server", 1.0) for t in self.server_threads}
+        self.stretch.update({id(t): stretch.get("worker_io", 1.0) for t in self.io_threads})
+        self.stretch.update({id(t): stretch.get("worker_framework", 1.0) for t in self.main_threads})
         self.units = units_of(job, len(self.servers), self.groups)
         # Messages per key part and worker, sent plus received, as the software-cost rows count
         # them (each role of a worker, and the server per worker): phub a push and its result;
@@ -211,17 +220,19 @@ class Iteration:
 
     # -- the pieces -----------------------------------------------------------------------------
     def cpu(self, thread: simpy.Resource, node: Node, seconds: float):
-        """A process: `seconds` of CPU on `thread` and one core of `node` (FIFO for both)."""
+        """A process: `seconds` of CPU on `thread` and one core of `node` (FIFO for both),
+        times the thread's role's measured stretch (`Machine.stretch`) where there is one."""
         if seconds <= 0:
             return
+        seconds = seconds * self.stretch.get(id(thread), 1.0) / self.machine.cpu_speed
         with thread.request() as held:
             yield held
             if node.cores is None:
-                yield self.env.timeout(seconds / self.machine.cpu_speed)
+                yield self.env.timeout(seconds)
                 return
             with node.cores.request() as core:
                 yield core
-                yield self.env.timeout(seconds / self.machine.cpu_speed)
+                yield self.env.timeout(seconds)
 
     def send(self, src: Node, dst: Node, nbytes: float) -> simpy.Event:
         """An event that fires once `nbytes` have crossed src's uplink and dst's downlink."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
-from typing import Optional
-
 import pandas as pd
 
 from experiments.models import compute_schedule, load_model, scaled

@@ -83,9 +83,11 @@ def charged_cpu(job: Job, costs: RoleCosts) -> float:
 
 
 def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts], cores: float = None) -> pd.DataFrame:
-    """One row per software-cost point (system, model, message setting): measured and predicted,
-    on `cores` shared cores (default: the cores the rows show the jobs kept busy,
-    `calibrate.cores_in_use`, as a whole number)."""
+    """One row per software-cost point (system, model, message setting): measured and predicted.
+    A point whose rows record every role's run-queue wait runs each role's threads at its
+    measured stretch (CPU plus wait over CPU) with no core simulated (`measured_wait` True);
+    the others on `cores` shared cores (default: the cores the rows without a wait show the
+    jobs kept busy, `calibrate.cores_in_use`, as a whole number)."""
     if softcost.empty:
         return pd.DataFrame(columns=["regime", "system", "model", "message_setting", "seconds", "predicted", "error"])
     keyed = softcost[softcost["role"] != "breakdown"]
@@ -93,17 +95,35 @@ def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts], cores
         seconds=("seconds_per_iteration", "median"), **{c: (c, "first") for c in keyed.columns
                                                          if c in ("workers", "cores", "interfaces", "chunk_bytes",
                                                                   "bigarray_bound")}).reset_index()
-    machine = loopback_machine(cores_in_use(softcost) if cores is None else cores)
+    roles = role_points(softcost)
+    stretches = measured_stretch(roles)
+    unwaited = keyed[[(r.system, r.model, r.message_setting) not in stretches for r in keyed.itertuples()]]
+    shared = loopback_machine(cores_in_use(unwaited if not unwaited.empty else keyed) if cores is None else cores)
+    machines = [Machine(link_bytes_per_s=None, stretch=stretches[key]) if key in stretches else shared
+                for key in zip(points["system"], points["model"], points["message_setting"])]
     points["predicted"] = simulate_many([(job_from_softcost(row), machine, _costs(fitted, row["system"]))
-                                         for _, row in points.iterrows()])
+                                         for (_, row), machine in zip(points.iterrows(), machines)])
     points["error"] = points["predicted"] / points["seconds"] - 1
     points["regime"] = "software_cost"
-    measured = role_points(softcost).groupby(["system", "model", "message_setting"])["cpu"].sum()
+    measured = roles.groupby(["system", "model", "message_setting"])["cpu"].sum()
     points["cpu_measured"] = [measured.get((r.system, r.model, r.message_setting)) for r in points.itertuples()]
     points["cpu_charged"] = [charged_cpu(job_from_softcost(row), _costs(fitted, row["system"]))
                              for _, row in points.iterrows()]
-    points["cores"] = machine.shared_cores
+    points["measured_wait"] = [bool(m.stretch) for m in machines]
+    points["cores"] = [m.shared_cores for m in machines]
     return points
+
+
+def measured_stretch(roles: pd.DataFrame) -> Dict[tuple, Tuple[Tuple[str, float], ...]]:
+    """(system, model, message_setting) -> per role (CPU + run-queue wait) / CPU, for the points
+    whose every role with CPU recorded its wait (`calibrate.role_points` rows)."""
+    out = {}
+    for key, group in roles.groupby(["system", "model", "message_setting"]):
+        busy = group[group["cpu"] > 0]
+        if busy.empty or busy["wait"].isna().any():
+            continue
+        out[key] = tuple((r.role, float(1 + r.wait / r.cpu)) for r in busy.itertuples())
+    return out
 
 
 def error_summary(*frames: pd.DataFrame) -> pd.DataFrame:
@@ -132,7 +152,8 @@ def loopback_terms(points: pd.DataFrame) -> pd.DataFrame:
         out.append({"system": system, "points": len(group),
                     "cpu_fit_error": float((group["cpu_charged"] / group["cpu_measured"] - 1).abs().median()),
                     "cores_busy": float((group["cpu_measured"] / group["seconds"]).median()),
-                    "cores_modelled": int(group["cores"].iloc[0]),
+                    "cores_modelled": "measured wait" if group.get("measured_wait", pd.Series([False])).all()
+                    else int(group["cores"].dropna().iloc[0]),
                     "median_abs_error": float(group["error"].abs().median())})
     return pd.DataFrame(out)
 
@@ -168,8 +189,8 @@ def paper_predictions(fitted: Dict[str, RoleCosts], reference: Dict[str, pd.Data
     rows = []
     for _, row in speedups.iterrows():
         ours = PAPER_SYSTEMS[row["system"]]
-        values = {r: seconds[(row["model"], row["network"], STOCK, r)] / seconds[(row["model"], row["network"], ours, r)]
-                  for r in ratios}
+        setup = (row["model"], row["network"])
+        values = {r: seconds[(*setup, STOCK, r)] / seconds[(*setup, ours, r)] for r in ratios}
         rows.append({"quantity": "speedup over stock MXNet", "model": row["model"], "network": row["network"],
                      "system": row["system"], "paper": float(row["speedup"]), **_spread(values),
                      "measured_emulated": measured.get((row["model"], row["network"], ours))})
@@ -215,5 +236,5 @@ def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-__all__ = ["predict_emulated", "predict_softcost", "loopback_terms", "charged_cpu", "simulate_many", "error_summary", "paper_predictions", "counts_check",
-           "CPU_SPEED_RATIOS", "PAPER"]
+__all__ = ["predict_emulated", "predict_softcost", "measured_stretch", "loopback_terms", "charged_cpu",
+           "simulate_many", "error_summary", "paper_predictions", "counts_check", "CPU_SPEED_RATIOS", "PAPER"]
