@@ -99,14 +99,30 @@ def scaling(runs: pd.DataFrame) -> pd.DataFrame:
     return scale[["model", "system", "workers", "repeat", "exchanges_per_s"]].reset_index(drop=True)
 
 
+WIRE, SIMULATED = "wire", "simulated"  # the two cross-rack series (rack_series)
+
+
+def rack_series(rows: pd.DataFrame) -> pd.DataFrame:
+    """Cross-rack rows with `series`: "simulated" where one PBox stood in for R racks (the paper's
+    method; `racks` becomes those R), "wire" where the racks were real (files without the
+    `simulated_racks` column hold only those)."""
+    simulated = rows["simulated_racks"].notna() if "simulated_racks" in rows else pd.Series(False, index=rows.index)
+    out = rows.assign(series=simulated.map({True: SIMULATED, False: WIRE}))
+    if simulated.any():
+        out["racks"] = out["racks"].astype("float64")
+        out.loc[simulated, "racks"] = out.loc[simulated, "simulated_racks"].astype("float64")
+    return out
+
+
 def cross_rack(runs: pd.DataFrame) -> pd.DataFrame:
-    """PHub's overhead (%) of R racks over one rack: (time per iteration / one rack's median - 1) x 100."""
+    """PHub's overhead (%) of R racks over one rack, per series (`rack_series`): (time per
+    iteration / the same series' one-rack median - 1) x 100."""
     rack = experiment(runs, "cross_rack").dropna(subset=["seconds_per_iteration", "racks"])
-    rack = rack[rack["system"] == "phub"]
-    one = rack[rack["racks"] == 1].groupby("model")["seconds_per_iteration"].median().rename("one_rack")
-    out = rack[rack["racks"] > 1].join(one, on="model").dropna(subset=["one_rack"])
+    rack = rack_series(rack[rack["system"] == "phub"])
+    one = rack[rack["racks"] == 1].groupby(["series", "model"])["seconds_per_iteration"].median().rename("one_rack")
+    out = rack[rack["racks"] > 1].join(one, on=["series", "model"]).dropna(subset=["one_rack"])
     out["overhead_pct"] = (out["seconds_per_iteration"] / out["one_rack"] - 1) * 100
-    return out[["model", "racks", "repeat", "overhead_pct"]].reset_index(drop=True)
+    return out[["series", "model", "racks", "repeat", "overhead_pct"]].reset_index(drop=True)
 
 
 def oversubscription(runs: pd.DataFrame, prices: Optional[pd.DataFrame] = None) -> pd.DataFrame:

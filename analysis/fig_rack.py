@@ -8,7 +8,7 @@ from typing import Optional
 import pandas as pd
 import seaborn as sns
 
-from . import normalize
+from . import derive, normalize, racks
 from .plotting import (
     OURS,
     PAPER,
@@ -28,25 +28,37 @@ RATIOS = (1, 2, 4, 8)
 
 
 def cross_rack(runs: pd.DataFrame, ref, out_dir: Path) -> Path:
-    """Figure (d): overhead (%) of R racks over one rack, PHub's two-phase reduction."""
+    """Figure (d): overhead (%) of R racks over one rack. Left, the paper's method (one PBox
+    simulating R racks) beside the paper's chart; right, our racks on the wire, with the overhead
+    the reduce-scatter scheme's wire bound implies (analysis.racks), not comparable with the paper's."""
     paper = ref["cross_rack_overhead"].data
     values = normalize.cross_rack(runs)
+    wire = racks.wire_rows(runs)
     models = sorted(set(paper["model"]) | set(values["model"].astype(str)))
     palette = dict(zip(models, sns.color_palette("colorblind", len(models))))
-    fig, axes = panels(1, 1, size=(6.4, 3.8))
-    ax = axes[0][0]
+    fig, axes = panels(1, 2, sharey=False, size=(6.0, 3.8))
+    left, right = axes[0]
     for model in models:
         theirs = paper[paper["model"] == model].sort_values("racks")
         if not theirs.empty:
-            paper_points(ax, theirs["racks"], theirs["overhead_pct"], palette[model], label=f"{model}, {PAPER}")
-        mine = normalize.summarize(values[values["model"].astype(str) == model], ["racks"], "overhead_pct")
-        if not mine.empty:
-            ours_points(ax, mine["racks"].astype(float), mine, palette[model], label=f"{model}, {OURS}")
-    if values.empty:
-        no_data(ax)
-    ax.axhline(0.0, color="0.25", linestyle=":", linewidth=1)
-    ax.set(title="overhead of R racks over one rack", xlabel="racks", xticks=range(2, 9),
-           ylabel="overhead vs one rack (%)")
+            paper_points(left, theirs["racks"], theirs["overhead_pct"], palette[model], label=f"{model}, {PAPER}")
+        for ax, series in ((left, derive.SIMULATED), (right, derive.WIRE)):
+            chosen = values[(values["model"].astype(str) == model) & (values["series"] == series)]
+            mine = normalize.summarize(chosen, ["racks"], "overhead_pct")
+            if not mine.empty:
+                ours_points(ax, mine["racks"].astype(float), mine, palette[model], label=f"{model}, {OURS}")
+        bound = wire[wire["model"] == model].sort_values("racks")
+        one = bound[bound["racks"] == 1]
+        several = bound[bound["racks"] > 1]
+        if len(several) and len(one):
+            right.plot(several["racks"], (several["scheme_bound"] / float(one["seconds"].iloc[0]) - 1) * 100, ":",
+                       color=palette[model], linewidth=1.4, label=f"{model}, the scheme's wire bound")
+    for ax, series, title in ((left, derive.SIMULATED, "one PBox simulating R racks (the paper's method)"),
+                              (right, derive.WIRE, "R racks on the wire (ours)")):
+        if values[values["series"] == series].empty:
+            no_data(ax)
+        ax.axhline(0.0, color="0.25", linestyle=":", linewidth=1)
+        ax.set(title=title, xlabel="racks", xticks=range(2, 9), ylabel="overhead vs one rack (%)")
     rows = legend_below(fig, axes, columns=2, after=style_entries(values["bound"])[2:])
     return save(fig, out_dir, "cross_rack", legend_rows=rows)
 

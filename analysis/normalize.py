@@ -247,16 +247,16 @@ def paper_scaling(ref) -> pd.DataFrame:
 
 def cross_rack_rows(runs: pd.DataFrame) -> pd.DataFrame:
     rack = experiment(usable(runs), "cross_rack").dropna(subset=["seconds_per_iteration", "racks"])
-    return rack[rack["system"] == "phub"]
+    return derive.rack_series(rack[rack["system"] == "phub"])
 
 
 def cross_rack(runs: pd.DataFrame) -> pd.DataFrame:
-    """Overhead (%) of R racks over one rack's median (figure (d)), with bounds."""
+    """Overhead (%) of R racks over the same series' one-rack median (figure (d)), with bounds."""
     rack = cross_rack_rows(runs)
-    out = _with_reference(rack[rack["racks"] > 1], rack[rack["racks"] == 1], ["model"],
+    out = _with_reference(rack[rack["racks"] > 1], rack[rack["racks"] == 1], ["series", "model"],
                           "seconds_per_iteration")
     out["overhead_pct"] = (out["seconds_per_iteration"] / out["reference"] - 1) * 100
-    return out[["model", "racks", "repeat", "bound", "label", "overhead_pct"]].reset_index(drop=True)
+    return out[["series", "model", "racks", "repeat", "bound", "label", "overhead_pct"]].reset_index(drop=True)
 
 
 def oversubscription_rows(runs: pd.DataFrame) -> pd.DataFrame:

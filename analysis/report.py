@@ -9,6 +9,7 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import pandas as pd
 
+from . import racks
 from . import reference as reference_data
 from .claims import all_claims
 from .derive import failed_verification, unchecked
@@ -135,6 +136,7 @@ def render(results: Results, figures_dir: Union[str, Path], report_path: Union[s
         "the paper's gains as far as the baseline's time over this floor allows: that is each claim's "
         "ceiling.", "", floors_table(results.runs), "",
         "## Claims", claims_table(claims), "",
+        "## Racks on the wire (our extension)", "", *racks.report_lines(results.runs), "",
         "## The software cost one machine can show", "",
         "Every system on unshaped loopback, compute removed, full-size models: what the emulated rack "
         "divides away (its links run s_n times slower while the CPU does not).", "",

@@ -52,7 +52,8 @@ INTEGER = ("workers", "racks", "interfaces", "cores", "chunk_bytes", "repeat", "
 REAL = ("oversubscription", "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t",
         "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "cpu_busy",
         "cpu_steal", "busiest_process_cpu", "link_utilization", "tcp_retransmits", "tcp_timeouts",
-        "chunks_per_s_per_core", "gbit_per_s_per_core") + FLOOR_COLUMNS
+        "chunks_per_s_per_core", "gbit_per_s_per_core", "simulated_racks", "service_cpu", "pbox_link_gbps",
+        "uplink_gbps") + FLOOR_COLUMNS
 BOOLEAN = ("verified",)
 COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores",
            "chunk_bytes", "oversubscription", "network", "setting", "link_gbps",
@@ -62,7 +63,8 @@ COLUMNS = ("experiment", "point", "system", "model", "workers", "racks", "interf
 # Columns that newer run files carry; a file without them loads with them empty.
 OPTIONAL = ("bound", "cpu_busy", "busiest_process", "busiest_process_cpu", "link_utilization",
             "chunk_bytes_paper", "chunks_per_worker", "verify_kind", "job", "chunks_per_s_per_core",
-            "gbit_per_s_per_core", "tcp_retransmits", "tcp_timeouts", "cpu_steal") + FLOOR_COLUMNS
+            "gbit_per_s_per_core", "tcp_retransmits", "tcp_timeouts", "cpu_steal", "simulated_racks", "service_cpu",
+            "pbox_link_gbps", "uplink_gbps") + FLOOR_COLUMNS
 # Columns that may not be empty on any row (the others can be empty where they do not apply,
 # e.g. samples_per_s in a run with compute removed).
 REQUIRED_VALUES = ("experiment", "system", "workers", "repeat")

@@ -198,3 +198,20 @@ def test_the_workflow_passes_snakemakes_lint_and_snakefmt():
     fmt = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "."], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert fmt.returncode == 0, fmt.stdout[-3000:] + fmt.stderr[-3000:]
+
+
+def test_the_papers_rack_simulation_is_its_own_series_whose_one_rack_is_the_pbox_point():
+    import run_shape
+
+    grid = points.by_key(load("config/config.yaml"))
+    sims = {k: p for k, p in grid.items() if k.startswith("cross_rack/sim-")}
+    assert {p["simulated_racks"] for p in sims.values()} == set(range(1, 9))
+    one, eight = grid["cross_rack/sim-alexnet-r1"], grid["cross_rack/sim-alexnet-r8"]
+    assert one["measurement"] == grid["pbox/ib56g-alexnet-phub"]["measurement"]  # measured once
+    assert eight["verify"] is False and one["verify"] is True  # R sums of the rack cannot meet the oracle
+    assert eight["racks"] == 1 and eight["shape"] == one["shape"]  # one PBox, in the pbox points' rack
+    assert len({p["measurement"] for p in sims.values()}) == len(sims)
+    assert run_shape.options_for(eight).simulated_racks == 8 and run_shape.options_for(one).simulated_racks == 1
+    # the points without a simulation keep the measurement digests they had before the series existed
+    wire = grid["cross_rack/alexnet-r2"]
+    assert "simulated_racks" not in wire and run_shape.options_for(wire).simulated_racks == 1

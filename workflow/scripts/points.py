@@ -7,7 +7,7 @@ network, the rack spec (rates at the paper's scale; the rack divides them by s_n
 How the paper's testbed is scaled down (config `rack:`), the same for every point:
 
 * every host link runs at `max_link_mbit` (s_n = paper rate / that rate): on two cores, links
-  this slow keep every point's cores mostly idle (measured: README, "What bounded the points");
+  this slow keep every point's cores mostly idle (measured: docs/reproducing.md);
 * model bytes are divided by s_m = s_n / `time_stretch`, so a run takes `time_stretch` times the
   paper's time and compute (stretched by s_n / s_m) keeps the paper's ratio to communication;
 * chunks are `chunk_bytes_paper` / s_m (the config sets the paper's 32 KB), so that a model
@@ -57,9 +57,11 @@ def _scale(config: dict, gbps: float, model_scale: float = 0.0) -> dict:
 
 
 def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps: float,
-          oversubscription: float = 1.0, model_scale: float = 0.0) -> dict:
+          oversubscription: float = 1.0, model_scale: float = 0.0, pbox_nic_gbps: float = 0.0) -> dict:
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
             "link_gbps": gbps, "oversubscription": float(oversubscription)}
+    if pbox_nic_gbps:  # the PBox's headroom (the paper's had 10 NICs for 8 workers); else the hosts' rate
+        rack["pbox_nic_gbps"] = pbox_nic_gbps
     passed = {k: v for k, v in config.get("rack", {}).items()
               if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper", "min_chunk_bytes")}  # preflight, port, queueing
     rack.update(passed, scale=_scale(config, gbps, model_scale))
@@ -87,6 +89,8 @@ def _point(config: dict, exp: dict, experiment: str, id_: str, **fields) -> dict
     point["chunk_bytes_paper"] = int(round(point["chunk_bytes"] * s_m))
     measured = {k: point.get(k) for k in MEASUREMENT_KEYS}
     measured["variant"] = "" if measured["variant"] == "full" else measured["variant"]  # full is the default
+    if point.get("simulated_racks", 1) > 1:  # only its points: the others' measurements stay as they were
+        measured["simulated_racks"] = point["simulated_racks"]
     if point.get("system", "").startswith("pslite"):  # only its points: the others' measurements stay as they were
         point["bigarray_bound"] = measured["bigarray_bound"] = effective_bigarray_bound(
             BIGARRAY_BOUND, point.get("rack", {}).get("scale"))
@@ -129,12 +133,28 @@ def _scaling(config: dict, exp: dict) -> Iterator[dict]:
 
 
 def _cross_rack(config: dict, exp: dict) -> Iterator[dict]:
+    """Two series. Racks on the wire (ours): a PBox per rack, reduce-scatter between them over the
+    core. And the paper's own method (`simulated`): one PBox stands in for R racks by sending
+    each aggregated chunk back to itself and aggregating it again R times (`--simulate-racks`);
+    its one-rack point is the plain PBox run, and R > 1 cannot be checked against the oracle
+    (the simulation sums R times), so those points run unverified."""
     for model in exp["models"]:
         for racks in exp["racks"]:
             workers = racks * exp["workers_per_rack"]
             yield _point(config, exp, "cross_rack", f"{model}-r{racks}", system="phub", model=model, workers=workers,
                          racks=racks, interfaces=exp["interfaces"],
-                         rack=_rack(config, racks, exp["workers_per_rack"], exp["interfaces"], exp["link_gbps"]))
+                         rack=_rack(config, racks, exp["workers_per_rack"], exp["interfaces"], exp["link_gbps"],
+                                    pbox_nic_gbps=exp.get("pbox_nic_gbps", 0.0)))
+    sim = exp.get("simulated")
+    if not sim or not sim.get("enabled", True):
+        return
+    setting = sim.get("setting", "ib56g")
+    for model in exp["models"]:
+        for racks in sim["racks"]:
+            fields = dict(simulated_racks=racks, verify=False) if racks > 1 else dict(simulated_racks=1)
+            yield _point(config, exp, "cross_rack", f"sim-{model}-r{racks}", system="phub", model=model,
+                         workers=sim["workers"], setting=setting, interfaces=sim["interfaces"], **fields,
+                         rack=_rack(config, 1, sim["workers"], sim["interfaces"], SETTINGS_GBPS[setting]))
 
 
 def _oversubscription(config: dict, exp: dict) -> Iterator[dict]:

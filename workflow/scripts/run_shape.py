@@ -36,7 +36,8 @@ from tidy import COLUMNS, chunks_per_worker, git_commit, tidy_row  # noqa: E402
 def options_for(point: dict) -> Options:
     return Options(compute=point["compute"], network=point["network"], cores=point["cores"],
                    num_interfaces=point["interfaces"], racks=point["racks"], chunk_bytes=point["chunk_bytes"],
-                   variant=point.get("variant") or "full", spec=point.get("hostfile"))
+                   variant=point.get("variant") or "full", spec=point.get("hostfile"),
+                   simulated_racks=point.get("simulated_racks", 1))
 
 
 def measure(point: dict, rack, log) -> list:

@@ -10,10 +10,11 @@ import subprocess
 from experiments.monitor import FLOOR_COLUMNS
 from experiments.runner import exchanges_per_s
 
-COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "interfaces", "cores", "chunk_bytes",
-           "chunk_bytes_paper", "chunks_per_worker", "bigarray_bound",
+COLUMNS = ["experiment", "point", "system", "model", "workers", "racks", "simulated_racks", "interfaces", "cores",
+           "chunk_bytes", "chunk_bytes_paper", "chunks_per_worker", "bigarray_bound",
            "oversubscription", "network", "queueing", "setting",
-           "link_gbps", "link_gbps_measured", "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
+           "link_gbps", "link_gbps_measured", "pbox_link_gbps", "uplink_gbps",
+           "s_n", "s_m", "s_t", "compute", "variant", "job", "share", "repeat",
            "seconds_per_iteration", "exchanges_per_s", "samples_per_s", "bytes_per_worker", "verified",
            "verify_kind", "bound", "cpu_busy", "cpu_steal", "busiest_process", "busiest_process_cpu", "service_cpu",
            "link_utilization", "compute_floor_seconds", "wire_floor_seconds", "floor_seconds", "over_floor",
@@ -41,6 +42,11 @@ def _host_rate(extra: dict, key: str) -> float:
     return float(extra.get("measured_mbit", {}).get("host", {}).get("mean_mbit", 0))
 
 
+def _configured_gbps(extra: dict, kind: str):
+    rate = extra.get("configured_mbit", {}).get(kind)
+    return rate / 1000 if rate else ""
+
+
 def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: str = "") -> dict:
     """The CSV row of one repeat: `result` is a runner row (experiments.runner); `chunks` the
     point's chunks_per_worker (the same for every repeat)."""
@@ -55,13 +61,17 @@ def tidy_row(point: dict, result: dict, commit: str, chunks: int, shared_with: s
     verify_kind = result.get("verify_kind") or "none"
     return {
         "experiment": point["experiment"], "point": point["id"], "system": point["system"], "model": point["model"],
-        "workers": result.get("workers", point["workers"]), "racks": point["racks"], "interfaces": point["interfaces"],
+        "workers": result.get("workers", point["workers"]), "racks": point["racks"],
+        # the racks one PBox stood in for (the paper's method); empty where the racks were real
+        "simulated_racks": point.get("simulated_racks", ""), "interfaces": point["interfaces"],
         "cores": point["cores"], "chunk_bytes": point["chunk_bytes"], "chunk_bytes_paper": point["chunk_bytes_paper"],
         "chunks_per_worker": chunks, "bigarray_bound": _opt(result.get("bigarray_bound")),  # stock MXNet's, as run
         "oversubscription": point["oversubscription"],
         "network": point["network"], "queueing": extra.get("queueing", ""), "setting": point["setting"],
         "link_gbps": _host_rate(extra, "configured") / 1000 if extra else "",
         "link_gbps_measured": _host_rate(extra, "measured") / 1000 if extra else "",
+        # the PBox's and the racks' uplinks' configured rates (the cross-rack scheme's wire bound)
+        "pbox_link_gbps": _configured_gbps(extra, "pbox_nic"), "uplink_gbps": _configured_gbps(extra, "uplink"),
         "s_n": scale.get("network", 1), "s_m": scale.get("model", 1), "s_t": scale.get("time", 1),
         "compute": point["compute"], "variant": result.get("variant") or point["variant"], "job": result.get("job", ""),
         "share": result.get("share", ""), "repeat": result.get("repeat", 0),
