@@ -98,3 +98,106 @@ def test_server_optimizer_state_round_trips_through_the_server():
         assert server.wait(timeout=30) == 0
     finally:
         server.stop()
+
+
+# -- other dtypes, and pushing during backward (one worker, an in-process server) ----------------
+HALF = [torch.float16, torch.bfloat16]
+GRAD = [1.0, 2.0, 0.5, 3.0]  # d/dw of sum(w * GRAD): every value and its multiples below are exact in half
+
+
+@pytest.fixture
+def one_worker():
+    import phub
+
+    server = phub.Server(phub.ServerConfig(jobs=(phub.JobSpec(0, 1),), once=True, timeout=30)).start()
+    try:
+        client = phub.connect(server.address, rank=0, num_workers=1, timeout=30)
+        yield client
+        client.close()
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.stop()
+
+
+def backward_of_weighted_sum(param):
+    (param * torch.tensor(GRAD, dtype=param.dtype)).sum().backward()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("dtype", HALF)
+def test_server_optimizer_keeps_half_precision_parameters(one_worker, dtype, overlap):
+    """SGD with momentum 0.9, lr 0.5, gradient GRAD: the server's float32 weights after k steps are
+    -GRAD * (0.5, 1.45, 2.805)[k-1]; the half-precision parameter holds them rounded to its dtype,
+    and its float32 buffer is the same one every step (no per-step copy allocated)."""
+    from phub.integrations.torch import ServerOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(4, dtype=dtype))
+    opt = ServerOptimizer([param], lr=0.5, momentum=0.9, client=one_worker, prefix=f"{dtype}.{overlap}.",
+                          overlap=overlap)
+    buffers = set()
+    for step, total in enumerate((0.5, 1.45, 2.805), 1):
+        opt.zero_grad()
+        backward_of_weighted_sum(param)
+        opt.step()
+        buffers.add(opt._staging[f"{dtype}.{overlap}.0"].data_ptr())
+        want = (-total * torch.tensor(GRAD, dtype=torch.float32)).to(dtype)
+        assert param.dtype == dtype
+        assert torch.equal(param.detach(), want), f"step {step}: {param} != {want}"
+    assert len(buffers) == 1
+
+
+def test_server_optimizer_refuses_a_second_backward_before_step(one_worker):
+    from phub.errors import PHubError
+    from phub.integrations.torch import ServerOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(4))
+    opt = ServerOptimizer([param], lr=0.5, client=one_worker)
+    backward_of_weighted_sum(param)
+    with pytest.raises(PHubError, match="overlap=False"):
+        backward_of_weighted_sum(param)
+    # refused before it was added into the gradient in flight
+    np.testing.assert_array_equal(param.grad.numpy(), np.array(GRAD, np.float32))
+    opt.step()  # the first gradient's round completes: -0.5 * GRAD
+    np.testing.assert_array_equal(param.detach().numpy(), -0.5 * np.array(GRAD, np.float32))
+
+
+def test_server_optimizer_pushes_during_backward(one_worker):
+    """With overlap, backward hands each gradient over as it is produced: when backward returns,
+    every parameter's push is already in flight, before step() is called."""
+    from phub.integrations.torch import ServerOptimizer
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = ServerOptimizer(net.parameters(), lr=0.1, client=one_worker, prefix="during.")
+    net(torch.ones(1, 4)).sum().backward()
+    assert set(opt._inflight) == set(net.parameters())
+    opt.step()
+    assert not opt._inflight
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_ddp_hook_carries_half_precision_buckets(one_worker, dtype):
+    """DDP (one worker) on a half-precision model with the phub hook: SGD lr 0.5 on gradient GRAD
+    gives weights -0.5 * k * GRAD after k steps, exactly, in the model's own dtype."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from phub.integrations.torch import register_hook
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        weights = torch.nn.Linear(4, 1, bias=False).to(dtype)
+        torch.nn.init.zeros_(weights.weight)
+        model = DDP(weights)
+        state = register_hook(model, one_worker, prefix=f"half.{dtype}")
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for step in range(1, 4):
+            opt.zero_grad()
+            model(torch.tensor([GRAD], dtype=dtype)).sum().backward()
+            opt.step()
+            want = (-0.5 * step * torch.tensor([GRAD])).to(dtype)
+            assert weights.weight.dtype == dtype
+            assert torch.equal(weights.weight.detach(), want), f"step {step}: {weights.weight} != {want}"
+        assert [buffer.dtype for buffer in state.staging.values()] == [torch.float32]  # one key, one buffer
+        state.close()
+    finally:
+        dist.destroy_process_group()

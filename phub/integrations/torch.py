@@ -15,8 +15,14 @@ A plain training loop (no DDP), with NAG or SGD running on the server, fused wit
     loss.backward(); opt.step(); opt.zero_grad()   # pushes every .grad, receives new weights
 
 Tensors travel as float32. CPU float32 contiguous tensors are sent and received in place (no
-copy); anything else (other dtypes, GPU) is copied to a float32 host array and back.
+copy). Anything else (half precision, float16 or bfloat16; float64; GPU; strided) is converted
+once per step, in C by torch's copy kernel, into a float32 host buffer that its key allocates
+once, and converted back when the result is in: half precision does not travel in its own width,
+because the server sums and runs its optimizer in float32. So N workers' half-precision gradients
+are summed without half-precision rounding, and with `ServerOptimizer` the server's weights are
+float32 master weights: each step a half-precision parameter receives them rounded to its dtype.
 """
+import functools
 import itertools
 import os
 import queue
@@ -210,8 +216,12 @@ class ServerOptimizer(torch.optim.Optimizer):
             self._keys[p] = key
             if key in self._staging:
                 p.data.copy_(self._staging[key].view(p.shape))
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
-                       for p in params if overlap and p.requires_grad]
+        self._hooks = []
+        for p in params:
+            if overlap and p.requires_grad:
+                # The check runs before the gradient is accumulated into a .grad that is in flight.
+                self._hooks += [p.register_hook(functools.partial(self._refuse_second_push, p)),
+                                p.register_post_accumulate_grad_hook(self._grad_ready)]
 
     def _server_optimizer(self, group) -> optim.Optimizer:
         rescale = 1.0 / self.client.num_workers if self.average else 1.0
@@ -235,10 +245,12 @@ class ServerOptimizer(torch.optim.Optimizer):
         self.client.load_optimizer_state({key: self.state[p][MOMENTUM].detach().cpu().numpy()
                                           for p, key in self._keys.items() if MOMENTUM in self.state[p]})
 
-    def _grad_ready(self, p: torch.Tensor) -> None:
+    def _refuse_second_push(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         if p in self._inflight:
-            raise PHubError("ServerOptimizer(overlap=True) pushed this parameter's gradient in an earlier "
+            raise PHubError(f"ServerOptimizer(overlap=True) pushed the gradient of {self._keys[p]} in an earlier "
                             "backward and step() has not run since: for gradient accumulation, pass overlap=False")
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
         with torch.no_grad():
             self._push(p, p.grad)
 
