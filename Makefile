@@ -35,7 +35,7 @@ pyverbs: venv
 	@$(PY) -c 'import pyverbs.device' 2>/dev/null && echo "pyverbs: importable" || echo "pyverbs: not importable (the tests that need it skip, saying why)"
 
 test: venv pyverbs
-	$(PY) -m pytest -q
+	PHUB_REQUIRE_C=1 $(PY) -m pytest -q
 
 # Timed from before the venv step; RESULTS/run.json records the time and the machine.
 paper:

@@ -1,3 +1,20 @@
+"""Shared fixtures, and the markers that sort the tests by what they need.
+
+Every test module gets one or more of these markers from what its code does (`needs_of`, read
+from its source, so a new module is sorted without a list to keep):
+
+* ``lab``: it imports the harness (experiments, analysis, the workflow's and the benchmarks'
+  scripts) or runs it (`python -m experiments`, Snakemake). Without the harness installed these modules are not
+  even collected, so ``pytest -m "not lab"`` runs with only the library installed.
+* ``netns``: it needs root and network namespaces (it skips, saying why, without them).
+* ``jobs``: it starts real processes (servers, workers, launchers, the CLI).
+* ``library``: none of the above: the library in this process (protocol, aggregation, kernels).
+
+With PHUB_REQUIRE_C=1 (``make test``, hence CI) a missing C extension stops the run instead of
+letting the tests that need it skip.
+"""
+import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +29,73 @@ from phub.errors import ProtocolError
 from phub.launch import worker_env
 
 WORKER = str(Path(__file__).parent / "workers" / "exchange_worker.py")
+HARNESS = {"experiments", "analysis", "points", "run_shape", "tidy", "run_record", "check_network", "write_json"}
+HARNESS_WORDS = ("-m experiments", "-m analysis", "snakemake", "Snakefile", "benchmarks")
+NETNS_WORDS = ("geteuid", "netns")  # in names: os.geteuid(), needs_netns, run_in_netns
+JOB_NAMES = {"subprocess", "multiprocessing", "Server", "start_workers", "run_exchange", "launch"}
+C_EXTENSIONS = ("phub._fastpath", "phub._fastkernels")
+
+
+def needs_of(source: str) -> set:
+    """The markers of a test module (see the module docstring), from its source text."""
+    tree = ast.parse(source)
+    imported, names, strings = set(), set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.arg)):  # ast.arg: a fixture asked for by name
+            names.add(node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                      else node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.append(node.value)
+    text = " ".join(strings)  # an argv's items in a row: "-m", "experiments"
+    needs = set()
+    if imported & HARNESS or any(word in text for word in HARNESS_WORDS):
+        needs.add("lab")
+    if any(word in name for name in names for word in NETNS_WORDS) or "ip netns" in text:
+        needs.add("netns")
+    if (imported | names) & JOB_NAMES:
+        needs.add("jobs")
+    return needs or {"library"}
+
+
+def _harness_installed() -> bool:
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("experiments", "analysis"))
+    except ImportError:
+        return False
+
+
+def _lab_modules() -> list:
+    return [path.name for path in sorted(Path(__file__).parent.glob("test_*.py"))
+            if "lab" in needs_of(path.read_text())]
+
+
+# Without the harness, its tests are not collected (they would fail to import).
+collect_ignore = [] if _harness_installed() else _lab_modules()
+
+
+def pytest_configure(config):
+    if os.environ.get("PHUB_REQUIRE_C") == "1":
+        missing = [name for name in C_EXTENSIONS if importlib.util.find_spec(name) is None]
+        if missing:
+            raise pytest.UsageError(f"PHUB_REQUIRE_C=1 and the C extension(s) {', '.join(missing)} are not built "
+                                    "(pip install -e . builds them; a C compiler is needed)")
+
+
+_NEEDS = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in _NEEDS:
+            _NEEDS[path] = needs_of(path.read_text())
+        for marker in sorted(_NEEDS[path]):
+            item.add_marker(marker)
 
 
 def refused(call, *words):
