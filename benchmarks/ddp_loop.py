@@ -19,23 +19,27 @@ systems rotating from block to block, so that the drifts of a shared machine hit
 
 Shapes: `mlp` is communication-heavy (16.8M parameters, 67 MB of float32 gradients in DDP's
 three buckets of 17, 34 and 17 MB, batch 16); `resnet` has many small layers (a CIFAR-style
-ResNet-14 with batch norm, 0.18M parameters in 47 tensors, one bucket, batch 16). A system's figure is the median over blocks of
-its block's seconds per step on rank 0 (every block starts at a barrier). `overhead` is each
-system's loop time minus compute minus its raw exchange, as a share of its loop time: it is
-negative where communication overlaps with compute, as DDP's overlaps with backward. The ratios
-to Gloo DDP are paired: the median over blocks of gloo's time over the system's in the same block
-(`ratio_of_medians` has the ratio of the medians); `cpu_seconds_per_step` is a worker's CPU time
-(all its threads), which the load of other processes on a shared machine changes much less.
+ResNet-14 with batch norm, 0.18M parameters in 47 tensors, one bucket, batch 16).
+
+A system's figure is the median over blocks of its block's seconds per step on rank 0 (every
+block starts at a barrier). The ratios to Gloo DDP are paired: the median over blocks of gloo's
+time over the system's in the same block (`ratio_of_medians`: the ratio of the medians).
+`overhead_share` is each system's loop time minus compute minus its raw exchange, as a share of
+its loop time: negative where communication overlaps with compute, as DDP's overlaps with
+backward. `cpu_seconds_per_step` is a worker's CPU time (all its threads), which the load of
+other processes on a shared machine changes much less than the wall time.
 
 The last line of stdout is one JSON object: {"shapes": {shape: {"steps_per_s": {system: s},
-"ratio_over_gloo": {"hook": r, "server": r}, "overhead_share": {...}, "seconds_per_step": {...}}},
-settings}. `--out FILE` also writes it there (atomically) with every block's time. Bounded:
-the launch is killed after `--timeout` seconds (then the exit status is non-zero).
+"ratio_over_gloo": {"hook": r, "server": r}, "ratio_of_medians": {...}, "overhead_share": {...},
+"cpu_seconds_per_step": {...}, "seconds_per_step": {...}, "buckets": [...]}}, settings}.
+`--out FILE` also writes it there (atomically) with every block's time. Bounded: the launch is
+killed after `--timeout` seconds (then the exit status is non-zero).
 """
 import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,6 +209,22 @@ def summarize(times: dict) -> dict:
     return shapes
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop `proc`'s process group: SIGTERM, up to 10 s for it to end, then SIGKILL to what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10.0)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -239,13 +259,15 @@ def main() -> int:
         command = [sys.executable, "-m", "phub", "launch", "-n", str(args.workers), "--cores", str(args.cores),
                    "--chunk-bytes", str(args.chunk_bytes), "--timeout", str(args.timeout),
                    "--", sys.executable, os.path.abspath(__file__), "--worker"]
+        proc = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped whole
         try:
-            proc = subprocess.run(command, env=env, timeout=args.timeout + 30)
+            returncode = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            print(f"ddp_loop: the run took over {args.timeout:g} s and was stopped", file=sys.stderr)
+            stop_group(proc)
+            print(f"ddp_loop: the run took over {args.timeout:g} s (--timeout) and was stopped", file=sys.stderr)
             return 1
-        if proc.returncode != 0:
-            print(f"ddp_loop: phub launch exited {proc.returncode}", file=sys.stderr)
+        if returncode != 0:
+            print(f"ddp_loop: phub launch exited {returncode}", file=sys.stderr)
             return 1
         times = json.loads((Path(out_dir) / "rank0.json").read_text())
     summary = {"benchmark": "ddp_loop", "workers": args.workers, "cores": args.cores, "chunk_bytes": args.chunk_bytes,
