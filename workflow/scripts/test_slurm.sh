@@ -2,7 +2,9 @@
 # The SLURM test (`make test-slurm`): a one-node cluster on this machine (slurm_localhost.sh),
 # a few experiment points of config/quick.yaml submitted through profiles/cluster, then checks
 # that their files exist and that every job of the run went through SLURM and completed there;
-# then an exchange whose processes srun places on the nodes of a hostfile (network: hostfile).
+# then an exchange whose processes srun places on the nodes of a hostfile (network: hostfile);
+# then `phub launch --from-slurm` across several SLURM nodes (test_slurm_nodes.sh: one slurmd per
+# network namespace), checked for the same losses as on this machine.
 # Run as root from the repository root, after `make venv`. Bounded by $PHUB_SLURM_TEST_TIMEOUT
 # seconds (default 600) for the pipeline. The cluster is stopped at the end unless it was
 # already up before the test.
@@ -132,3 +134,7 @@ job=$(sed -n 's/.*Granted job allocation \([0-9][0-9]*\).*/\1/p' <<<"$placed" | 
 steps=$(timeout 30 sacct -n -P -j "$job" -o JobID | grep -c "^$job\.[0-9]" || true)
 ((steps >= 3)) || fail "allocation $job ran $steps srun steps; the exchange needs one per process (3)"
 echo "test-slurm: OK: srun placed a PBox and 2 workers from a hostfile ($steps steps of job $job); it verified" >&2
+
+# 5. Several SLURM nodes: an allocation of emulated nodes (one slurmd per network namespace), a PBox
+# and two workers, `phub launch --from-slurm` training examples/torch_train.py there.
+workflow/scripts/test_slurm_nodes.sh || fail "phub launch --from-slurm across several SLURM nodes (see above)"
