@@ -101,3 +101,16 @@ def test_the_wait_by_role_is_cut_to_the_window_like_the_cpu():
     assert [r["wait_seconds_per_exchange"] for r in rows] == pytest.approx([0.25, 0.0, 0.0])
     assert all(r["wait_seconds_per_exchange"] == "" for r in softcost.role_rows(run, block, {
         role: (0.4, 1) for role in ROLES}, flows))
+
+
+def test_the_section_says_how_many_software_cost_points_recorded_their_wait():
+    from analysis.model.section import render
+    from analysis.model.validate import error_summary
+
+    fitted = fitting.fit(_rows())
+    waited = predict_softcost(_rows(wait=1.0), fitted)
+    text = render({}, pd.DataFrame(), waited, error_summary(waited), pd.DataFrame())
+    assert "1 of 1 points record it" in text and "None of these rows" not in text
+    unwaited = predict_softcost(_rows(), fitted)
+    text = render({}, pd.DataFrame(), unwaited, error_summary(unwaited), pd.DataFrame())
+    assert "None of these rows records the wait" in text
