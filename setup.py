@@ -13,7 +13,8 @@ setup(
             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"],
         ),
         Extension("phub._fastpath", sources=["phub/_fastpath.c"],
-                  depends=["phub/_fastpath_rounds.h", "phub/_fastpath_direct.h", "phub/_fastpath_send.h", "phub/_kernels.h"],
+                  depends=["phub/_fastpath_rounds.h", "phub/_fastpath_direct.h", "phub/_fastpath_send.h",
+                           "phub/_fastpath_racks.h", "phub/_kernels.h"],
                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]),
     ]
 )

@@ -25,6 +25,10 @@
  * round's bookkeeping, and the RESULT frames, queued per lane for the caller to send. Any other
  * round (a chunk's first, whose momentum Python allocates) it hands back as above.
  *
+ * On a rack's server (two-phase reduction), `rack_rounds_done` and `drain_rack_frames`
+ * (_fastpath_racks.h) take the cross-rack part of those rounds: partials to the owner rack, its
+ * sum over the racks, the totals back, and the rounds finished as above.
+ *
  * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
  * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
  * `recv_results` (_fastpath_direct.h) does the same reading the connection itself, each payload
@@ -689,6 +693,7 @@ done:
 
 #include "_fastpath_direct.h"
 #include "_fastpath_send.h"
+#include "_fastpath_racks.h"
 
 static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
@@ -696,6 +701,8 @@ static PyMethodDef fp_methods[] = {
     {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
     {"read_slots_of", fp_read_slots_of, METH_O, read_slots_of_doc},
     {"send_queued", fp_send_queued, METH_VARARGS, send_queued_doc},
+    {"rack_rounds_done", fp_rack_rounds_done, METH_VARARGS, rack_rounds_done_doc},
+    {"drain_rack_frames", fp_drain_rack_frames, METH_VARARGS, drain_rack_frames_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -102,7 +102,13 @@ class HierarchicalJobState(JobState):
         # total; another rack: its own partial, then the total it receives.
         self._rows: Dict[int, np.ndarray] = {}
         self._row_views: Dict[int, List[memoryview]] = {}
-        self._arrived: Dict[int, int] = {}  # chunk id -> racks whose partial of this round is in
+        # What the C rack loop (phub/_fastpath_racks.h) reads and writes, by chunk id, beside the
+        # fast_table: [owner rack (-1: another core's chunk), the racks whose partial of this round
+        # is in (a bit each; on another rack than the owner only its own bit), the chunk's
+        # interface]; and the chunk's rows (None: another core's). The Python path keeps its
+        # arrival bits here too, so both paths see one truth.
+        self.rack_table = np.zeros((0, 3), dtype=np.int64)
+        self.rack_rows: List[Optional[np.ndarray]] = []
         self._announced: Set[int] = set()
         self._peer_ready: Dict[int, Set[int]] = {}
 
@@ -116,8 +122,23 @@ class HierarchicalJobState(JobState):
             block = rows[offset:offset + height * c.size].reshape(height, c.size)
             self._rows[c.id] = block
             self._row_views[c.id] = [memoryview(row).cast("B") for row in block]
-            self._arrived[c.id] = 0
             offset += height * c.size
+
+    def _extend_fast_table(self, new: List[Chunk]) -> None:
+        super()._extend_fast_table(new)
+        rows = np.zeros((len(new), 3), dtype=np.int64)
+        for i, c in enumerate(new):
+            owned = c.id in self.owned
+            rows[i] = (self.owner[c.id] if owned else -1, 0, self.plan.topology.lane_interface(c.lane))
+            self.rack_rows.append(self._rows[c.id] if owned else None)
+        self.rack_table = np.concatenate([self.rack_table, rows])
+
+    def arrived_bits(self, chunk_id: int) -> int:
+        """The racks whose partial of the chunk's current round is in (a bit each)."""
+        return int(self.rack_table[chunk_id, 1])
+
+    def _set_arrived(self, chunk_id: int, bits: int) -> None:
+        self.rack_table[chunk_id, 1] = bits
 
     def interface_of(self, chunk_id: int) -> int:
         """The interface whose link carries the chunk between racks (its lane's)."""
@@ -161,7 +182,8 @@ class HierarchicalJobState(JobState):
         self._announced.add(batch)
         if self.rack != 0:
             return [SendPeerReady(batch)]
-        return [SendPeerReady(batch)] + [self._peer_init(rack, batch) for rack in sorted(self._peer_ready.get(batch, ()))]
+        waiting = sorted(self._peer_ready.get(batch, ()))
+        return [SendPeerReady(batch)] + [self._peer_init(rack, batch) for rack in waiting]
 
     def _peer_init(self, rack: int, batch: int) -> SendPeerInit:
         # Sent only once `rack` has registered the batch (its PEER_READY), so it can place the chunks.
@@ -189,7 +211,7 @@ class HierarchicalJobState(JobState):
         cid = state.chunk.id
         row = self._own_row(cid)
         self.kernels.scale(self._rows[cid][row], acc, last, 1.0)  # the rack's sum (times 1: exact)
-        self._arrived[cid] |= 1 << self.rack
+        self._set_arrived(cid, self.arrived_bits(cid) | 1 << self.rack)
         owner = self.owner[cid]
         if owner == self.rack:
             return self._try_sum(state)
@@ -219,21 +241,21 @@ class HierarchicalJobState(JobState):
         if from_rack == self.rack:
             raise ProtocolError(f"rack {from_rack} sent a partial to itself")
         self._check_round(from_rack, header, state, "partial")
-        if self._arrived[header.chunk] >> from_rack & 1:
+        if self.arrived_bits(header.chunk) >> from_rack & 1:
             raise ProtocolError(f"rack {from_rack} sent chunk {header.chunk} of round {header.iteration} twice")
         return self._row_views[header.chunk][from_rack]
 
     def on_partial(self, from_rack: int, header: wire.Header) -> list:
-        self._arrived[header.chunk] |= 1 << from_rack
+        self._set_arrived(header.chunk, self.arrived_bits(header.chunk) | 1 << from_rack)
         return self._try_sum(self.owned[header.chunk])
 
     def _try_sum(self, state: ChunkState) -> list:
         """The owner: once every rack's partial is in, add them in rack order into the total, send
         it to the other racks and finish the round on it."""
         cid = state.chunk.id
-        if self._arrived[cid] != self._all_racks:
+        if self.arrived_bits(cid) != self._all_racks:
             return []
-        self._arrived[cid] = 0
+        self._set_arrived(cid, 0)
         rows = self._rows[cid]
         total = rows[self.racks]
         self.kernels.scale(total, rows[0], rows[1], 1.0)
@@ -251,14 +273,14 @@ class HierarchicalJobState(JobState):
         if owner == self.rack:
             raise ProtocolError(f"rack {from_rack} sent a total to itself")
         self._check_round(from_rack, header, state, "total")
-        if not self._arrived[header.chunk] >> self.rack & 1:
+        if not self.arrived_bits(header.chunk) >> self.rack & 1:
             raise ProtocolError(f"rack {from_rack} sent the total of chunk {header.chunk} for round {header.iteration} "
                                 "before this rack sent its partial")
         return self._row_views[header.chunk][1]
 
     def on_total(self, from_rack: int, header: wire.Header) -> list:
         state = self.owned[header.chunk]
-        self._arrived[header.chunk] = 0
+        self._set_arrived(header.chunk, 0)
         return [self.finish_round(state, self._rows[header.chunk][1], None)]
 
     def missing_racks(self, state: ChunkState) -> List[int]:
@@ -266,8 +288,8 @@ class HierarchicalJobState(JobState):
         cid = state.chunk.id
         owner = self.owner[cid]
         if owner != self.rack:
-            return [owner] if self._arrived[cid] else []
-        return [r for r in range(self.racks) if not self._arrived[cid] >> r & 1]
+            return [owner] if self.arrived_bits(cid) else []
+        return [r for r in range(self.racks) if not self.arrived_bits(cid) >> r & 1]
 
 
 class SimulatedRacksJobState(JobState):
