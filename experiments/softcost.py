@@ -36,7 +36,8 @@ COLUMNS = ("experiment", "system", "model", "workers", "servers", "cores", "mess
            "role", "category", "processes", "cpu_seconds_per_exchange", "bytes_per_exchange",
            "messages_per_exchange", "data_messages_per_exchange", "messages_source", "seconds_per_iteration",
            "iterations", "monitor_cpu_seconds_per_exchange", "compute_seconds_per_iteration", "repeat",
-           "git_commit", "host", "cpu_model", "cpu_steal", "wait_seconds_per_exchange")
+           "git_commit", "host", "cpu_model", "cpu_steal", "wait_seconds_per_exchange",
+           "machine_cores")
 
 GLOO_MAX_SEGMENT_BYTES = 1024 * 1024  # gloo's ring allreduce: at most this much per send (kMaxSegmentSize)
 # System calls a thread that waits for the network blocks in (x86-64 numbers): poll, select,
@@ -319,7 +320,9 @@ def _common(run: Mapping, block: Block) -> dict:
             "monitor_cpu_seconds_per_exchange": _per(block.monitor_cpu_seconds, block.iterations),
             "compute_seconds_per_iteration": run["compute_seconds_per_iteration"], "repeat": block.repeat,
             "git_commit": run["git_commit"], "host": run["host"], "cpu_model": run["cpu_model"],
-            "cpu_steal": "" if block.cpu_steal is None else block.cpu_steal, "wait_seconds_per_exchange": ""}
+            "cpu_steal": "" if block.cpu_steal is None else block.cpu_steal, "wait_seconds_per_exchange": "",
+            # the machine's cores (every process of the run shares them), not the workers' count
+            "machine_cores": run.get("machine_cores", "")}
 
 
 def _per(seconds: Optional[float], iterations: int):
@@ -329,7 +332,8 @@ def _per(seconds: Optional[float], iterations: int):
 def role_rows(run: Mapping, block: Block, by_role: Mapping[str, Tuple[float, int]],
               flows: Mapping[str, Traffic], waits: Optional[Mapping[str, float]] = None) -> List[dict]:
     """The block's three role rows (`COLUMNS`). `run`: system, model, workers, servers, cores,
-    message_setting, compute_seconds_per_iteration, git_commit, host, cpu_model. `waits`: each
+    message_setting, compute_seconds_per_iteration, git_commit, host, cpu_model (machine_cores if
+    known). `waits`: each
     role's run-queue wait in the block (`wait_by_role`); without it the column stays empty."""
     rows = []
     for role in ROLES:

@@ -249,7 +249,8 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
                                      repeats=repeats)
         traces = sampler.traces()
         lines = perf.lines({t.pid for t in traces}) if perf else []
-    facts = facts or {"git_commit": git_commit(), "host": platform.node(), "cpu_model": cpu_model()}
+    facts = facts or {"git_commit": git_commit(), "host": platform.node(), "cpu_model": cpu_model(),
+                      "machine_cores": os.cpu_count() or ""}
     servers = server_processes(system, rows[0], workers)
     flows = softcost.traffic(loaded, system, workers, rows[0].get("servers", 0) if system != "gloo-ring" else 0,
                              setting)
@@ -296,7 +297,8 @@ def run_experiment(out: str, systems: Sequence[str], models: Sequence[str], work
             print(f"software cost: no breakdown by kind of code ({why_not})", file=log)
     elif with_perf and why_not:
         raise ConfigError(f"software cost: the breakdown needs perf: {why_not}")
-    facts = {"git_commit": git_commit(), "host": platform.node(), "cpu_model": cpu_model()}
+    facts = {"git_commit": git_commit(), "host": platform.node(), "cpu_model": cpu_model(),
+             "machine_cores": os.cpu_count() or ""}
     settings = softcost.default_settings(chunk_kb, bigarray_bounds)
     written = []
     for system in systems:

@@ -114,3 +114,14 @@ def test_the_section_says_how_many_software_cost_points_recorded_their_wait():
     unwaited = predict_softcost(_rows(), fitted)
     text = render({}, pd.DataFrame(), unwaited, error_summary(unwaited), pd.DataFrame())
     assert "None of these rows records the wait" in text
+
+
+def test_the_loopback_cores_come_from_the_rows_machine_cores_not_the_workers():
+    # 2 workers on a machine the rows say has 4 cores, jobs that kept 3.2 busy: 3 cores modelled
+    # (capped at the machine's 4, not at the 2 workers nor this machine's 2).
+    rows = _rows(seconds=(0.04 + 0.03 + 0.01) / 3.2)
+    rows["machine_cores"] = 4
+    assert fitting.machine_cores(rows, 2) == 4
+    assert predict_softcost(rows, fitting.fit(rows))["cores"].iloc[0] == 3
+    assert fitting.machine_cores(_rows(), 2) == 2  # older rows: the default
+    assert predict_softcost(_rows(seconds=(0.04 + 0.03 + 0.01) / 3.2), fitting.fit(rows))["cores"].iloc[0] == 2

@@ -27,7 +27,7 @@ ROLES = ("server", "worker_io", "worker_framework")
 REQUIRED = ("experiment", "system", "model", "workers", "message_setting", "role", "cpu_seconds_per_exchange",
             "bytes_per_exchange", "messages_per_exchange", "seconds_per_iteration", "repeat")
 NUMERIC = ("workers", "cpu_seconds_per_exchange", "bytes_per_exchange", "messages_per_exchange",
-           "seconds_per_iteration", "wait_seconds_per_exchange")
+           "seconds_per_iteration", "wait_seconds_per_exchange", "machine_cores")
 # Optional: each role's run-queue wait per exchange (schedstat's 2nd field), recorded by runs
 # after it was added; older rows lack the column or leave it empty.
 WAIT = "wait_seconds_per_exchange"
@@ -78,6 +78,13 @@ def role_points(softcost: pd.DataFrame) -> pd.DataFrame:
         cpu=("cpu_seconds_per_exchange", "median"), nbytes=("bytes_per_exchange", "median"),
         messages=("messages_per_exchange", "median"), seconds=("seconds_per_iteration", "median"),
         workers=("workers", "first"), wait=(WAIT, "median")).reset_index()
+
+
+def machine_cores(softcost: pd.DataFrame, default: int) -> int:
+    """The machine's cores the rows record (`machine_cores`, the most of them), else `default`
+    (older rows lack the column)."""
+    recorded = pd.to_numeric(softcost.get("machine_cores", pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(recorded.max()) if not recorded.empty else default
 
 
 def cores_in_use(softcost: pd.DataFrame) -> float:

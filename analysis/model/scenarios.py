@@ -94,11 +94,11 @@ def job_from_softcost(row, groups: int = DEFAULT_GROUPS) -> Job:
                **_setting_knobs(row))
 
 
-def loopback_machine(cores: float = THIS_MACHINE_CORES) -> Machine:
+def loopback_machine(cores: float = THIS_MACHINE_CORES, machine_cores: int = THIS_MACHINE_CORES) -> Machine:
     """This machine on loopback: no link limit, `cores` (the cores the jobs kept busy,
-    `calibrate.cores_in_use`, rounded to a whole core, at least 1, at most this machine's)
-    shared by every process."""
-    whole = THIS_MACHINE_CORES if cores != cores else min(THIS_MACHINE_CORES, max(1, round(cores)))
+    `calibrate.cores_in_use`, rounded to a whole core, at least 1, at most `machine_cores`, the
+    machine's: what the rows record, else this machine's 2) shared by every process."""
+    whole = machine_cores if cores != cores else min(machine_cores, max(1, round(cores)))
     return Machine(link_bytes_per_s=None, shared_cores=whole)
 
 

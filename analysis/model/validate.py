@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import pandas as pd
 
-from .calibrate import cores_in_use, role_points
+from .calibrate import cores_in_use, machine_cores, role_points
 from .replay import Job, Machine, RoleCosts, simulate
 from .traffic import exchange_counts
 from .scenarios import (PAPER, THIS_MACHINE_CORES, job_from_row, job_from_softcost, loopback_machine, machine_from_row,
@@ -98,7 +98,8 @@ def predict_softcost(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts], cores
     roles = role_points(softcost)
     stretches = measured_stretch(roles)
     unwaited = keyed[[(r.system, r.model, r.message_setting) not in stretches for r in keyed.itertuples()]]
-    shared = loopback_machine(cores_in_use(unwaited if not unwaited.empty else keyed) if cores is None else cores)
+    shared = loopback_machine(cores_in_use(unwaited if not unwaited.empty else keyed) if cores is None else cores,
+                              machine_cores(keyed, THIS_MACHINE_CORES))
     machines = [Machine(link_bytes_per_s=None, stretch=stretches[key]) if key in stretches else shared
                 for key in zip(points["system"], points["model"], points["message_setting"])]
     points["predicted"] = simulate_many([(job_from_softcost(row), machine, _costs(fitted, row["system"]))
