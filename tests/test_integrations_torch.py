@@ -139,7 +139,7 @@ def test_server_optimizer_keeps_half_precision_parameters(one_worker, dtype, ove
         opt.zero_grad()
         backward_of_weighted_sum(param)
         opt.step()
-        buffers.add(opt._staging[f"{dtype}.{overlap}.0"].data_ptr())
+        buffers.add(opt._keys[0].buffer.data_ptr())
         want = (-total * torch.tensor(GRAD, dtype=torch.float32)).to(dtype)
         assert param.dtype == dtype
         assert torch.equal(param.detach(), want), f"step {step}: {param} != {want}"
@@ -161,17 +161,30 @@ def test_server_optimizer_refuses_a_second_backward_before_step(one_worker):
     np.testing.assert_array_equal(param.detach().numpy(), -0.5 * np.array(GRAD, np.float32))
 
 
-def test_server_optimizer_pushes_during_backward(one_worker):
+def test_server_optimizer_pushes_during_backward_and_shares_keys(one_worker):
     """With overlap, backward hands each gradient over as it is produced: when backward returns,
-    every parameter's push is already in flight, before step() is called."""
-    from phub.integrations.torch import ServerOptimizer
+    every key's push is already in flight, before step() is called. A large parameter has its
+    own key; small ones (float32 and float16 alike) share one. SGD, lr 0.5, momentum 0.9 on
+    gradients g: weights -0.5 g, then -1.45 g; the server's momentum -0.95 g, per parameter."""
+    from phub.integrations.torch import MOMENTUM, SMALL_PARAMETER, ServerOptimizer
 
-    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    opt = ServerOptimizer(net.parameters(), lr=0.1, client=one_worker, prefix="during.")
-    net(torch.ones(1, 4)).sum().backward()
-    assert set(opt._inflight) == set(net.parameters())
-    opt.step()
-    assert not opt._inflight
+    large = torch.nn.Parameter(torch.zeros(SMALL_PARAMETER))
+    small = torch.nn.Parameter(torch.zeros(3))
+    half = torch.nn.Parameter(torch.zeros(5, dtype=torch.float16))
+    scale = {large: 1.0, small: 2.0, half: 0.5}
+    opt = ServerOptimizer([large, small, half], lr=0.5, momentum=0.9, client=one_worker, prefix="shared.")
+    assert [len(key.params) for key in opt._keys] == [1, 2]  # the large one alone, the small ones together
+    for total in (0.5, 1.45):
+        opt.zero_grad()
+        sum((p * s).sum() for p, s in scale.items()).backward()
+        assert set(opt._inflight) == set(opt._keys)
+        opt.step()
+        assert not opt._inflight
+        for p, s in scale.items():
+            assert torch.equal(p.detach(), torch.full_like(p, -total * s)), (p.shape, total)
+    state = opt.state_dict()["state"]
+    for i, s in enumerate(scale.values()):
+        np.testing.assert_allclose(state[i][MOMENTUM].numpy(), -0.95 * s, rtol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -12,7 +12,11 @@ optimizer then updates, exactly as with DDP's default allreduce)::
 A plain training loop (no DDP), with NAG or SGD running on the server, fused with aggregation::
 
     opt = phub_torch.ServerOptimizer(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, client=client)
-    loss.backward(); opt.step(); opt.zero_grad()   # pushes every .grad, receives new weights
+    loss.backward(); opt.step(); opt.zero_grad()   # backward pushes each .grad as it is produced,
+                                                   # step() waits for the new weights
+
+Both overlap the exchange with the rest of backward: a bucket (DDP) or a parameter
+(`ServerOptimizer`) is pushed as soon as backward has produced its gradient.
 
 Tensors travel as float32. CPU float32 contiguous tensors are sent and received in place (no
 copy). Anything else (half precision, float16 or bfloat16; float64; GPU; strided) is converted
@@ -28,7 +32,7 @@ import os
 import queue
 import threading
 from datetime import timedelta
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -176,8 +180,11 @@ class ServerOptimizer(torch.optim.Optimizer):
 
     With `overlap=True` (default) a parameter's gradient is pushed as soon as backward has
     produced it (a post-accumulate-grad hook), so the exchange overlaps with the rest of
-    backward as DDP's allreduce does, and its new weights land in it while backward goes on
-    (backward no longer reads a parameter whose gradient is complete). Hence, with overlap,
+    backward as DDP's allreduce does. Parameters under SMALL_PARAMETER elements share keys (one
+    push for many, once all of a key's gradients are in) through a float32 buffer, from which
+    `step()` copies their new weights; a larger float32 parameter has its own key, pushed from
+    its `.grad` in place, and its new weights land in it while backward goes on (backward no
+    longer reads a parameter whose gradient is complete). Hence, with overlap,
     the gradient that `backward()` leaves is the one pushed: a second backward before `step()`
     (gradient accumulation) raises PHubError, and changing `.grad` (clipping) before `step()`
     has no effect; pass `overlap=False` for those, and then `step()` pushes every gradient.
@@ -198,26 +205,17 @@ class ServerOptimizer(torch.optim.Optimizer):
         if client is None:  # its own connection: closed when the optimizer is collected (or at exit)
             exiting.close_when_collected(self, self.client)
         self.average = average
-        self._keys: Dict[torch.Tensor, str] = {}
-        self._group: Dict[torch.Tensor, dict] = {}
-        self._staging: Dict[str, torch.Tensor] = {}  # float32 buffers of parameters that cannot be viewed
-        self._inflight: Dict[torch.Tensor, tuple] = {}  # this step's pushes: parameter -> (handle, staged)
-        params = [p for group in self.param_groups for p in group["params"]]
-        keys = [f"{prefix}{i}" for i in range(len(params))]
-        hosts = []
-        for p, key in zip(params, keys):
-            view = _float32_view(p.data)
-            hosts.append(view if view is not None else _staged(self._staging, key, p.data).numpy())
-        self.client.init(keys, hosts)  # now rank 0's values
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._group[p] = group
-        for p, key in zip(params, keys):
-            self._keys[p] = key
-            if key in self._staging:
-                p.data.copy_(self._staging[key].view(p.shape))
+        self._keys = _server_keys(self.param_groups, prefix)
+        self._key_of: Dict[torch.Tensor, _ServerKey] = {p: key for key in self._keys for p in key.params}
+        self._ready: set = set()  # parameters whose gradient this step has taken (pushed or in a buffer)
+        self._inflight: Dict[_ServerKey, tuple] = {}  # this step's pushes: key -> (handle, gradient kept alive)
+        for key in self._keys:
+            key.gather([p.data for p in key.params])
+        self.client.init([key.name for key in self._keys], [key.host() for key in self._keys])  # rank 0's values
+        for key in self._keys:
+            key.scatter()
         self._hooks = []
-        for p in params:
+        for p in self._key_of:
             if overlap and p.requires_grad:
                 # The check runs before the gradient is accumulated into a .grad that is in flight.
                 self._hooks += [p.register_hook(functools.partial(self._refuse_second_push, p)),
@@ -234,42 +232,55 @@ class ServerOptimizer(torch.optim.Optimizer):
         after this worker's last step (`state[i]["phub_momentum"]`; `Client.optimizer_state`,
         one round trip), for a checkpoint beside the model's own."""
         server = self.client.optimizer_state()
-        for p, key in self._keys.items():
-            self.state[p][MOMENTUM] = torch.from_numpy(server[key].reshape(p.shape).copy())
+        for key in self._keys:
+            for p, start in zip(key.params, key.offsets):
+                self.state[p][MOMENTUM] = torch.from_numpy(server[key.name][start:start + p.numel()]
+                                                           .reshape(p.shape).copy())
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a `state_dict()` and hand its momenta to the server (rank 0's take effect);
-        call it before the next step."""
+        """Load a `state_dict()` and hand its momenta to the server (rank 0's take effect; a
+        parameter without one gets zeros where it shares a key); call it before the next
+        backward (with overlap, backward pushes)."""
         super().load_state_dict(state_dict)
-        self.client.load_optimizer_state({key: self.state[p][MOMENTUM].detach().cpu().numpy()
-                                          for p, key in self._keys.items() if MOMENTUM in self.state[p]})
+        momenta = {}
+        for key in self._keys:
+            if any(MOMENTUM in self.state[p] for p in key.params):
+                momenta[key.name] = np.zeros(key.numel, np.float32)
+                for p, start in zip(key.params, key.offsets):
+                    if MOMENTUM in self.state[p]:
+                        momenta[key.name][start:start + p.numel()] = self.state[p][MOMENTUM].detach().cpu().reshape(-1)
+        self.client.load_optimizer_state(momenta)
 
     def _refuse_second_push(self, p: torch.Tensor, grad: torch.Tensor) -> None:
-        if p in self._inflight:
-            raise PHubError(f"ServerOptimizer(overlap=True) pushed the gradient of {self._keys[p]} in an earlier "
-                            "backward and step() has not run since: for gradient accumulation, pass overlap=False")
+        if p in self._ready:
+            raise PHubError(f"ServerOptimizer(overlap=True) pushed a gradient of key {self._key_of[p].name} "
+                            "in an earlier backward and step() has not run since: for gradient accumulation, "
+                            "pass overlap=False")
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         with torch.no_grad():
-            self._push(p, p.grad)
+            self._take(p, p.grad)
 
-    def _push(self, p: torch.Tensor, grad: torch.Tensor) -> None:
-        """Push `grad` for `p`; the new weights land in `p` (or its float32 buffer, staged)."""
-        # One optimizer per round: a group's learning rate applies only to its own parameters.
-        ensure_optimizer(self.client, self._server_optimizer(self._group[p]))
-        key = self._keys[p]
-        weights = _float32_view(p.data)
-        if weights is None:  # half precision, GPU, strided: one float32 buffer, in place
-            staged = _staged(self._staging, key, grad)
-            handle = self.client.pushpull_async(key, staged.numpy())
-            self._inflight[p] = (handle, staged)
+    def _take(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+        """`p`'s gradient (None: zeros) is ready: push its key once all of the key's are."""
+        key = self._key_of[p]
+        self._ready.add(p)
+        if key.buffer is None:  # a float32 parameter alone on its key: pushed from its .grad, in place
+            grad = torch.zeros_like(p) if grad is None else grad
+            grad_host = _float32_view(grad)
+            if grad_host is None:  # a strided gradient: rare, so not cached
+                grad_host = grad.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1)
+            self._push(key, grad_host, _float32_view(p.data))
             return
-        grad_host = _float32_view(grad)
-        if grad_host is None:  # a float32 parameter with a strided gradient: rare, so not cached
-            grad_host = grad.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1)
-        handle = self.client.pushpull_async(key, grad_host, out=weights)
-        self._inflight[p] = (handle, grad_host)
+        key.put(p, grad)
+        if key.ready == len(key.params):
+            self._push(key, key.host(), None)
+
+    def _push(self, key: "_ServerKey", grad: np.ndarray, out: Optional[np.ndarray]) -> None:
+        # One optimizer per round: a group's learning rate applies only to its own parameters.
+        ensure_optimizer(self.client, self._server_optimizer(key.group))
+        self._inflight[key] = (self.client.pushpull_async(key.name, grad, out=out), grad)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -279,13 +290,74 @@ class ServerOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for p in reversed(group["params"]):  # last layers first, as backward produced them
-                if p not in self._inflight:
-                    self._push(p, p.grad if p.grad is not None else torch.zeros_like(p))
+        for key in self._keys:  # last layers first, as backward produced them
+            for p in key.params:
+                if p not in self._ready:
+                    self._take(p, p.grad)
         inflight, self._inflight = self._inflight, {}
-        for p, (handle, staged) in inflight.items():
+        self._ready = set()
+        for key, (handle, _) in inflight.items():
             handle.wait()
-            if isinstance(staged, torch.Tensor):  # back to the parameter's dtype and device
-                p.data.copy_(staged.view(p.shape))
+            key.scatter()  # a buffer's new weights into its parameters
+            key.ready = 0
         return loss
+
+
+SMALL_PARAMETER = 1 << 16  # elements: smaller parameters share a key, pushed once all are ready
+KEY_ELEMENTS = 1 << 20  # elements of such a shared key at most (4 MB)
+
+
+class _ServerKey:
+    """One server key of `ServerOptimizer`: one float32 parameter, pushed and updated in place,
+    or parameters in a float32 buffer (several small ones, or one that cannot be viewed as
+    float32), each gradient converted into it once and each weight back."""
+
+    def __init__(self, name: str, group: dict, params: list, buffered: bool):
+        self.name, self.group, self.params = name, group, params
+        self.offsets = list(itertools.accumulate([0] + [p.numel() for p in params[:-1]]))
+        self._offset_of = {p: start for p, start in zip(params, self.offsets)}  # by identity
+        self.numel = sum(p.numel() for p in params)
+        self.buffer = torch.empty(self.numel, dtype=torch.float32) if buffered else None
+        self.ready = 0  # parameters whose gradient is in the buffer this step
+
+    def host(self) -> np.ndarray:
+        return _float32_view(self.params[0].data) if self.buffer is None else self.buffer.numpy()
+
+    def gather(self, tensors: list) -> None:
+        if self.buffer is not None:
+            for t, start in zip(tensors, self.offsets):
+                self.buffer[start:start + t.numel()].view(t.shape).copy_(t.detach())
+
+    def put(self, p: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+        start = self._offset_of[p]
+        part = self.buffer[start:start + p.numel()]
+        if grad is None:  # no gradient (unused this step): pushed as zeros, as every worker pushes every key
+            part.zero_()
+        else:
+            part.view(p.shape).copy_(grad.detach())
+        self.ready += 1
+
+    def scatter(self) -> None:
+        if self.buffer is not None:
+            for p, start in zip(self.params, self.offsets):
+                p.data.copy_(self.buffer[start:start + p.numel()].view(p.shape))
+
+
+def _server_keys(param_groups: list, prefix: str) -> List[_ServerKey]:
+    """The keys of `param_groups`' parameters, last layers first: a float32 CPU parameter of
+    SMALL_PARAMETER elements or more alone and in place; any other alone in a buffer; smaller
+    ones of a group together, up to KEY_ELEMENTS a key (one push instead of one per parameter)."""
+    keys: List[_ServerKey] = []
+    for group in param_groups:
+        small: list = []
+        for p in reversed(group["params"]):
+            if p.numel() >= SMALL_PARAMETER:
+                keys.append(_ServerKey(f"{prefix}{len(keys)}", group, [p], _float32_view(p.data) is None))
+                continue
+            if small and sum(q.numel() for q in small) + p.numel() > KEY_ELEMENTS:
+                keys.append(_ServerKey(f"{prefix}{len(keys)}", group, small, True))
+                small = []
+            small.append(p)
+        if small:
+            keys.append(_ServerKey(f"{prefix}{len(keys)}", group, small, True))
+    return keys
