@@ -64,10 +64,13 @@ def _wait_paragraph(points: pd.DataFrame) -> str:
             "second core the jobs did get, two under-predict by the share they did not.")
     if waited.empty:
         text += (" None of these rows records the wait (they predate it). Checked apart, not in these rows "
-                 "(googlenet, 2 workers, 32 KB chunks or MXNet's bound, 3 repeats, at a load average of "
-                 "about 10, the costs fitted here): phub 0.270 s measured, 0.278 s predicted with the "
-                 "measured wait (+3%); pshard 0.166 / 0.131 s (-21%); pslite-shard 0.804 / 1.103 s (+37%); "
-                 "on 2 simulated cores without the wait all three were 75-78% under.")
+                 "(googlenet and alexnet, every system at its default settings, 2 workers, 2 repeats, at a "
+                 "load average of about 12, the costs fitted here; 16 points): with the measured wait, "
+                 "median |error| 14%, worst 105%; phub and pshard within 2-17% (median 7%), but ps-lite "
+                 "and gloo over-predicted by 3-105% (median 36%): their roles run several threads "
+                 "(MXNet's engine, ZeroMQ's I/O, gloo's pairs) whose waits add up while they overlap, and "
+                 "the replay stretches its one thread per role by the sum. The same rows without the wait: "
+                 "31% / 82% on one core, 62% / 91% on two.")
     else:
         error = waited["error"].abs()
         text += (f" {len(waited)} of {len(rows)} points record it: median |error| {error.median():.0%}, "
