@@ -71,11 +71,19 @@ def test_the_time_limit_and_a_check_end_the_wait_naming_why():
 
 
 def test_services_must_exit_cleanly_after_the_workers_and_run_raises_the_first_failure(tmp_path):
-    done = tmp_path / "worker-done"
-    wait_then_fail = f"import os, sys, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.01)\nsys.exit(2)"
+    # The service fails only once the worker has exited (a zombie or gone: its own poll has not
+    # reaped it yet), so the failure can only be seen after the workers, as a service's exit.
+    wait_then_fail = ("import sys, time\n"
+                      "def alive(pid):\n"
+                      "    try:\n"
+                      "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'\n"
+                      "    except OSError:\n"
+                      "        return False\n"
+                      "while alive(int(sys.argv[1])): time.sleep(0.01)\n"
+                      "sys.exit(2)")
     with Supervisor() as supervisor:
-        supervisor.start("service", [PY, "-c", wait_then_fail], service=True)
-        supervisor.start("worker", [PY, "-c", f"open({str(done)!r}, 'w').close()"])
+        worker = supervisor.start("worker", _exit(0))
+        supervisor.start("service", [PY, "-c", wait_then_fail, str(worker.pid)], service=True)
         with pytest.raises(PHubError, match=r"service did not finish cleanly \(status 2\)"):
             supervisor.run(time_limit=60)
     with Supervisor() as supervisor:
