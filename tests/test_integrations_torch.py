@@ -214,3 +214,22 @@ def test_ddp_hook_carries_half_precision_buckets(one_worker, dtype):
         state.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_server_optimizer_is_collected_while_its_model_lives(one_worker):
+    """The hooks on the parameters must not keep the optimizer alive (it may own its client),
+    and they go with it: backward then pushes nothing."""
+    import gc
+    import weakref
+
+    from phub.integrations.torch import ServerOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(4))
+    opt = ServerOptimizer([param], lr=0.5, client=one_worker, prefix="collected.")
+    collected = weakref.ref(opt)
+    del opt
+    gc.collect()
+    assert collected() is None
+    backward_of_weighted_sum(param)
+    backward_of_weighted_sum(param)  # accumulates: no optimizer refuses it
+    np.testing.assert_array_equal(param.grad.numpy(), 2 * np.array(GRAD, np.float32))

@@ -31,6 +31,7 @@ import itertools
 import os
 import queue
 import threading
+import weakref
 from datetime import timedelta
 from typing import Dict, List, Optional, Tuple
 
@@ -214,12 +215,16 @@ class ServerOptimizer(torch.optim.Optimizer):
         self.client.init([key.name for key in self._keys], [key.host() for key in self._keys])  # rank 0's values
         for key in self._keys:
             key.scatter()
-        self._hooks = []
+        # The parameters' hooks reach the optimizer through a weak reference, and go with it: a
+        # model outliving its optimizer must not keep it (and its own client) alive.
+        hooks = []
+        myself = weakref.ref(self)
         for p in self._key_of:
             if overlap and p.requires_grad:
                 # The check runs before the gradient is accumulated into a .grad that is in flight.
-                self._hooks += [p.register_hook(functools.partial(self._refuse_second_push, p)),
-                                p.register_post_accumulate_grad_hook(self._grad_ready)]
+                hooks += [p.register_hook(functools.partial(_before_accumulation, myself, p)),
+                          p.register_post_accumulate_grad_hook(functools.partial(_after_accumulation, myself))]
+        weakref.finalize(self, _remove_hooks, hooks)
 
     def _server_optimizer(self, group) -> optim.Optimizer:
         rescale = 1.0 / self.client.num_workers if self.average else 1.0
@@ -301,6 +306,23 @@ class ServerOptimizer(torch.optim.Optimizer):
             key.scatter()  # a buffer's new weights into its parameters
             key.ready = 0
         return loss
+
+
+def _before_accumulation(optimizer: "weakref.ref[ServerOptimizer]", p: torch.Tensor, grad: torch.Tensor) -> None:
+    live = optimizer()
+    if live is not None:
+        live._refuse_second_push(p, grad)
+
+
+def _after_accumulation(optimizer: "weakref.ref[ServerOptimizer]", p: torch.Tensor) -> None:
+    live = optimizer()
+    if live is not None:
+        live._grad_ready(p)
+
+
+def _remove_hooks(hooks: list) -> None:
+    for hook in hooks:
+        hook.remove()
 
 
 SMALL_PARAMETER = 1 << 16  # elements: smaller parameters share a key, pushed once all are ready
