@@ -216,13 +216,15 @@ def test_the_section_splits_the_loopback_error_into_the_fit_and_the_cores_kept_b
     points = pd.DataFrame([
         {"regime": "software_cost", "system": "phub", "model": "alexnet", "workers": 2, "message_setting": "chunk32k",
          "seconds": 2.0, "predicted": 1.0, "error": -0.5, "cpu_measured": 0.9, "cpu_charged": 1.0, "cores": 1},
-        {"regime": "emulated", "experiment": "breakdown", "system": "phub", "model": "googlenet", "variant": "no_compute",
-         "workers": 8, "setting": "ib56g", "seconds": 0.06, "predicted": 0.015, "error": -0.75, "wire_floor": 0.03,
+        {"regime": "emulated", "experiment": "breakdown", "system": "phub", "model": "googlenet",
+         "variant": "no_compute", "workers": 8, "setting": "ib56g", "seconds": 0.06, "predicted": 0.015,
+         "error": -0.75, "wire_floor": 0.03,
          "cpu_measured": 0.105, "cpu_charged": 0.005, "cores": None, "messages": 4000}])
     summary = error_summary(points[points["regime"] == "emulated"], points[points["regime"] == "software_cost"])
     text = render({}, pd.DataFrame(), points, summary, pd.DataFrame())
     assert "| phub | 1 | 11% | 0.45 | 1 | 50% |" in text  # 1.0 / 0.9 - 1; 0.9 CPU-s over 2 s
-    assert "| breakdown | phub | googlenet | no_compute | 8 | ib56g | 0.060 | 0.015 | -75% | 2.00 | 0.105 | 0.005 | 25.0 |" in text
+    assert ("| breakdown | phub | googlenet | no_compute | 8 | ib56g | 0.060 | 0.015 | -75% | 2.00 | 0.105 | 0.005 "
+            "| 25.0 |") in text
     assert "a median 0.45 cores" in text
 
 
