@@ -14,6 +14,7 @@ from .. import derive
 from ..reference import PAPER_MODEL, Table
 from ..verdict import CAUSE_UNKNOWN, DERIVED_BASIS, Claim
 from ..fig_softcost import STOCK, non_compute_over_compute, tables
+from ..model.calibrate import machine_cores
 from .causes import Side, TimeRatio, ratio_causes, software_hidden
 from .common import NAN, Runs, scaling_words, setup
 
@@ -158,8 +159,8 @@ def stock_cpu_over_compute(software_cost: Optional[pd.DataFrame], ref: Dict[str,
     if model not in sums.index or "ours-stock" not in sums.columns or math.isnan(sums.loc[model, "ours-stock"]):
         return None
     rows = software_cost[(software_cost["system"] == STOCK) & (software_cost["model"] == model)]
-    cores = int(pd.to_numeric(rows.get("workers"), errors="coerce").max()) if len(rows) else 2
-    return float(sums.loc[model, "ours-stock"]), cores
+    # the machine's cores where the rows record them; older rows ran 2 workers on this 2-core machine
+    return float(sums.loc[model, "ours-stock"]), machine_cores(rows, default=2)
 
 
 def bandwidth_claims(ref: Dict[str, Table],
