@@ -187,6 +187,27 @@ def test_shaping_commands_share_a_link_among_peers_with_acks_first():
     assert make_plan(load_spec(SPECS / "rack8.yaml"), "0a1b2c").fair_buckets == 8
 
 
+def test_a_pbox_of_several_racks_keeps_the_racks_exchange_apart_from_its_workers_traffic():
+    """NIC k of every PBox and worker k of every rack end in the same octet: on a PBox's links of a
+    multi-rack plan the buckets are doubled by the peer's role (second octet 18: worker, 19: PBox)."""
+    two = make_plan(load_spec(SPECS / "2x2.yaml"), "0a1b2c")
+    one = make_plan(load_spec(SPECS / "rack8.yaml"), "0a1b2c")
+    assert {link.kind: rackbuild.link_roles(link, two) for link in two.links if link.rate_mbit} == \
+        {"host": 1, "pbox_nic": 2, "uplink": 1}
+    assert {rackbuild.link_roles(link, one) for link in one.links} == {1}
+    commands = rackbuild.shaping_commands("eth0", 200.0, "fair", "dst", buckets=2, roles=2)
+    filters = [c for c in commands if c.startswith("filter") and "protocol 6" not in c]
+    assert len(filters) == 4 and len({f.split("flowid ")[1] for f in filters}) == 4
+    assert "match u8 0x01 0x01 at 19 match u8 0x01 0x01 at 17" in filters[-1]  # PBox role, odd last octet
+    assert all(" at 13 " in f for f in rackbuild.shaping_commands("p0n0", 200.0, "fair", "src", 2, 2)
+               if f.startswith("filter") and "protocol 6" not in f)
+    assert [int(a.split(".")[1]) & 1 for a in (two.workers[0].addresses[0], two.pboxes[1].addresses[0])] == [0, 1]
+    guaranteed = sum(int(c.split(" rate ")[1].split("kbit")[0]) for c in commands if c.startswith("class"))
+    assert guaranteed <= 2 * 200000  # 1:1 holds the link; its children share no more than it
+    with pytest.raises(ValueError, match="roles"):
+        rackbuild.shaping_commands("eth0", 50.0, "fair", "dst", roles=3)
+
+
 @privileged
 def test_rack_is_isolated_and_leaves_the_root_namespace_alone(rack):
     assert rackbuild.check_isolation(rack.plan) == []
