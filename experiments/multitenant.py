@@ -48,7 +48,7 @@ def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, time_limi
     with tempfile.TemporaryFile("w+", errors="replace") as output:
         result = run_job([sys.executable, "-m", "experiments.worker"], half * len(specs), config, cluster=job_cluster,
                          extra_env={"PYTHONPATH": worker_pythonpath()}, job_env=job_env, stdout=output, stderr=output,
-                         time_limit=time_limit)
+                         time_limit=time_limit, torch_vars=False)
         if result.status != 0:
             output.seek(0)
             tail = "".join(output.readlines()[-QUIET_TAIL_LINES:])

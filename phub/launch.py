@@ -206,13 +206,15 @@ def _members(config: ServerConfig, num_workers: int) -> List[Tuple[int, int]]:
 def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerConfig] = None,
             cluster: Optional[Cluster] = None, extra_env: Optional[Dict[str, str]] = None,
             prefix_output: bool = True, stdout=None, stderr=None, time_limit: Optional[float] = None,
-            job_env: Optional[Dict[int, Dict[str, str]]] = None) -> JobResult:
+            job_env: Optional[Dict[int, Dict[str, str]]] = None, torch_vars: bool = True) -> JobResult:
     """Run a job on `cluster` (default: one server on `config.interfaces` of this machine and
     `num_workers` local workers); block until it ends, or at most `time_limit` seconds (default: no
     limit; past it the job fails naming the workers still running). With several `config.jobs`
     (their workers adding up to `num_workers`) one server serves them all: the first job's ranks
     run on the first worker nodes, the next job's after them, each with `job_env[job id]` added to
-    `extra_env`. Every worker also gets torch's variables (`phub.launch_hosts.torch_env`). Worker
+    `extra_env`. Every worker also gets torch's variables (`phub.launch_hosts.torch_env`) unless
+    `torch_vars` is False (a command that does not use torch.distributed: no port is probed for
+    its store, which on a node reached through a prefix costs a process there). Worker
     output is streamed line by line with a `[rank R]` prefix (`[job J rank R]` with several jobs;
     `[NODE rank R]` on a hostfile's nodes), servers' with `[server NAME]`."""
     config = config or ServerConfig()
@@ -245,12 +247,12 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
                 addresses[node.name] = _await_ready(proc, node, joins)
             nodes = {}  # process name -> its node's name
             sizes = {job: spec.num_workers if several else num_workers for job, spec in specs.items()}
-            torch_vars = torch_env(members, cluster.workers, sizes)
+            torch_by_worker = torch_env(members, cluster.workers, sizes) if torch_vars else [{} for _ in members]
             for index, ((job, rank), node) in enumerate(zip(members, cluster.workers)):
                 nodes[name(job, rank)] = node.name
                 address = ",".join(addresses[server.name] for server in cluster.servers_of(index))
                 spec = specs[job]
-                env = {**torch_vars[index], **(extra_env or {}), **(job_env or {}).get(job, {}),
+                env = {**torch_by_worker[index], **(extra_env or {}), **(job_env or {}).get(job, {}),
                        **worker_env(address, rank, sizes[job], job, spec.token, config.timeout)}
                 argv, env, stdin = on_node(node, command, env)
                 label = f"{node.name} {name(job, rank)}" if named_nodes else name(job, rank)

@@ -36,7 +36,8 @@ class PHubSystem(System):
                               once=True, timeout=options.time_limit, transport=options.transport,
                               simulated_racks=options.simulated_racks)
         job = run_job(list(command), len(cluster.workers), config, cluster=cluster, extra_env=env,
-                      stdout=output, stderr=output, time_limit=options.time_limit)
+                      stdout=output, stderr=output, time_limit=options.time_limit,
+                      torch_vars=False)  # the exchange worker uses no torch.distributed store
         if job.status != 0:
             raise PHubError(f"{self.name}: {job.failed}")
 
