@@ -10,8 +10,10 @@ from experiments.runner import Options, run_exchange
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="the emulated rack needs root and iproute2")
 
+# Links at 100 Mbit/s: at 200, the preflight's Python senders (five links both ways) needed most
+# of a 2-core machine and, once in a full suite run, measured every link 20% short.
 SPEC = {"racks": 1, "workers_per_rack": 2, "pbox_interfaces": 2, "link_gbps": 10,
-        "scale": {"network": 50, "model": 200}, "preflight": {"seconds": 0.3}}
+        "scale": {"network": 100, "model": 200}, "preflight": {"seconds": 0.5}}
 
 
 @pytest.mark.parametrize("system", ["phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring"])
@@ -24,7 +26,7 @@ def test_every_system_runs_verified_inside_the_rack(tmp_path, system):
     assert row["verified"] is True
     assert row["cluster"]["network"] == "emulated"
     measured = row["cluster"]["measured_mbit"]["host"]
-    assert abs(measured["mean_mbit"] / 200.0 - 1) <= 0.1  # 10 Gbps / s_n 50
+    assert abs(measured["mean_mbit"] / 100.0 - 1) <= 0.1  # 10 Gbps / s_n 100
     assert row["bytes_per_worker"] < 102197944 / 100  # the model was scaled by s_m = 200
 
 
