@@ -21,7 +21,7 @@ import pandas as pd
 
 from phub.wire import HEADER_BYTES
 
-from . import derive
+from . import derive, normalize
 
 GOAL = 1.1  # phub's time over the scheme's wire bound that the two-phase path aims at
 
@@ -38,7 +38,8 @@ def scheme_bound(row) -> float:
     chunk = _number(row, "chunk_bytes")
     wire_bytes = model_bytes * (1 + HEADER_BYTES / chunk) if chunk > 0 else model_bytes
     per_rack = workers / racks
-    interfaces = _number(row, "interfaces") if _number(row, "interfaces") >= 1 else 1
+    interfaces = _number(row, "interfaces")
+    interfaces = interfaces if interfaces >= 1 else 1.0  # NaN (not recorded) too
     pbox = _number(row, "pbox_link_gbps")
     pbox = pbox if pbox > 0 else host
     ratio = _number(row, "oversubscription")
@@ -53,10 +54,9 @@ def scheme_bound(row) -> float:
     return max(wire, compute) if compute > 0 else wire
 
 
-def _number(row, column: str) -> float:
-    value = row.get(column) if hasattr(row, "get") else getattr(row, column, None)
+def _number(row: dict, column: str) -> float:
     try:
-        return float(value)
+        return float(row.get(column))
     except (TypeError, ValueError):
         return math.nan
 
@@ -83,15 +83,9 @@ def wire_rows(runs: pd.DataFrame) -> pd.DataFrame:
                     "scheme_bound": bound, "floor": floor, "over_scheme": seconds / bound,
                     "floor_over_scheme": floor / bound,
                     "overhead_pct": (seconds / one[model] - 1) * 100 if model in one and racks > 1 else math.nan,
-                    "bound": _worst(rows.get("bound")), "repeats": len(rows)})
+                    "bound": normalize.worst(rows["bound"].fillna("")) if "bound" in rows else "",
+                    "repeats": len(rows)})
     return pd.DataFrame(out, columns=columns)
-
-
-def _worst(bounds) -> str:
-    from .verdict import BOUND_ORDER
-
-    present = set(bounds.fillna("")) if bounds is not None else set()
-    return next((b for b in BOUND_ORDER if b in present), "")
 
 
 def report_lines(runs: pd.DataFrame) -> List[str]:
