@@ -14,7 +14,7 @@ setup(
         ),
         Extension("phub._fastpath", sources=["phub/_fastpath.c"],
                   depends=["phub/_fastpath_rounds.h", "phub/_fastpath_direct.h", "phub/_fastpath_send.h",
-                           "phub/_fastpath_racks.h", "phub/_kernels.h"],
+                           "phub/_fastpath_racks.h", "phub/_fastpath_contract.h", "phub/_kernels.h"],
                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-strict-aliasing"]),
     ]
 )

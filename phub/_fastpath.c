@@ -13,10 +13,13 @@
  * check; it only takes the common case off the interpreter.
  *
  * The round state stays in the Python ChunkState objects (rounds, arrived, mask), so the rest of
- * the server (stall checks, failures, the pure-Python path) sees one truth; the loops read and
- * write it where ChunkState's __slots__ keep it (read_slots_of), not through attribute lookups. The folds are the
- * same float32 operations in the same order as JobState.on_push with the kernels of
- * phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python path.
+ * the server (stall checks, failures, the pure-Python path) sees one truth. Every Python field the
+ * loops read or write (ChunkState's slots, the tables' columns, the positions in the tuples they
+ * read and build) is reached through the round contract (_fastpath_contract.h), a table filled
+ * once at import by phub/fastpath_contract.py, which lists every field, its type and its owner.
+ * The folds are the same float32 operations in the same order as JobState.on_push with the
+ * kernels of phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python
+ * path.
  *
  * Given the lane's optimizers and a dict for the frames (a job on one rack whose lane runs NAG
  * or SGD), `drain_pushes` also finishes the rounds it completes as JobState.finish_round and
@@ -30,7 +33,8 @@
  * sum over the racks, the totals back, and the rounds finished as above.
  *
  * `drain_results` is the worker's counterpart: the RESULT frames of one lane, copied into the
- * caller's output arrays, the same checks as Client._payload_target, the rest left to Python.
+ * caller's output arrays, the same checks as WorkerProtocol.payload_target (protocol/worker.py),
+ * the rest left to Python.
  * `recv_results` (_fastpath_direct.h) does the same reading the connection itself, each payload
  * straight into its array, for large chunks.
  */
@@ -44,10 +48,6 @@
 #define KIND_PUSH 7
 #define KIND_RESULT 8
 #define SERVER_SENDER 0xFFFFFFFFu
-#define TABLE_COLUMNS 3 /* per chunk id: lane (-1: not owned here), payload bytes, ready (0/1) */
-
-static PyObject *s_rounds, *s_arrived, *s_mask, *s_slots, *s_acc, *s_arrived_method;
-static PyObject *s_chunk, *s_id, *s_lane, *s_mom, *s_weight, *s_weight_view, *s_result_view;
 
 static inline uint32_t
 le32(const unsigned char *p)
@@ -63,107 +63,53 @@ frame_from(const unsigned char *h, int kind, uint32_t job, uint32_t sender)
     return memcmp(h, "PHUB", 4) == 0 && h[4] == 1 && h[5] == kind && le32(h + 8) == job && le32(h + 12) == sender;
 }
 
-/* Where the attributes these loops read and write live in a ChunkState: a __slots__ attribute
- * sits at a fixed offset in its object, which its member descriptor gives (`read_slots_of`
- * learns them). Reading it there skips the attribute lookup through the type, which cost more
- * than the rest of a push's bookkeeping at small chunks. Any other object's attributes (and a
- * subclass's) are looked up as always. */
-#define MAX_SLOTS 16
-static PyTypeObject *slots_type;
-static PyObject *slot_names[MAX_SLOTS];
-static Py_ssize_t slot_offsets[MAX_SLOTS];
-static int slot_count;
+#include "_fastpath_contract.h"
 
-/* The address of `obj`'s slot `name`, or NULL when it is not one read in place. */
+/* The address of slot `st` of `state` when it is exactly a ChunkState (the registered class), or
+ * NULL: a subclass's, or any other object's, attributes are looked up by name as always. Reading
+ * the slot in place skips the attribute lookup through the type, which cost more than the rest of
+ * a push's bookkeeping at small chunks. */
 static inline PyObject **
-slot_at(PyObject *obj, PyObject *name)
+state_slot(PyObject *state, int st)
 {
-    if (Py_TYPE(obj) != slots_type) {
+    if (Py_TYPE(state) != contract.chunk_state) {
         return NULL;
     }
-    for (int i = 0; i < slot_count; i++) {
-        if (slot_names[i] == name) {
-            return (PyObject **)((char *)obj + slot_offsets[i]);
-        }
-    }
-    return NULL;
+    return (PyObject **)((char *)state + contract.state[st]);
 }
 
-/* PyObject_GetAttr(obj, name), reading a ChunkState's slot in place. */
+/* state.<field st> as a new reference, or NULL with an exception set. */
 static PyObject *
-get_attr(PyObject *obj, PyObject *name)
+get_field(PyObject *state, int st)
 {
-    PyObject **slot = slot_at(obj, name);
+    PyObject **slot = state_slot(state, st);
     if (slot == NULL) {
-        return PyObject_GetAttr(obj, name);
+        return PyObject_GetAttr(state, field_names[st]);
     }
     if (*slot == NULL) {
-        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", Py_TYPE(obj)->tp_name, name);
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", Py_TYPE(state)->tp_name,
+                     field_names[st]);
         return NULL;
     }
     return Py_NewRef(*slot);
 }
 
-/* PyObject_SetAttr(obj, name, value) for a ChunkState's slot, in place; 0 or -1. */
+/* state.<field st> = value; 0, or -1 with an exception set. */
 static int
-set_attr(PyObject *obj, PyObject *name, PyObject *value)
+set_field(PyObject *state, int st, PyObject *value)
 {
-    PyObject **slot = slot_at(obj, name);
+    PyObject **slot = state_slot(state, st);
     if (slot == NULL) {
-        return PyObject_SetAttr(obj, name, value);
+        return PyObject_SetAttr(state, field_names[st], value);
     }
     Py_XSETREF(*slot, Py_NewRef(value));
     return 0;
 }
 
-PyDoc_STRVAR(read_slots_of_doc,
-"read_slots_of(cls)\n--\n\n"
-"From now on read and write the attributes these loops use in instances of exactly `cls`\n"
-"(aggregation.ChunkState) where its __slots__ keep them. AttributeError when `cls` lacks one,\n"
-"ValueError when one is not a writable object slot of it.");
-
-static PyObject **const loop_names[] = {&s_rounds, &s_arrived, &s_mask, &s_slots, &s_acc,
-                                        &s_chunk, &s_mom, &s_weight, &s_weight_view, &s_result_view};
-
-static PyObject *
-fp_read_slots_of(PyObject *self, PyObject *cls)
-{
-    const int count = (int)(sizeof loop_names / sizeof loop_names[0]);
-    Py_ssize_t offsets[sizeof loop_names / sizeof loop_names[0]];
-    if (!PyType_Check(cls)) {
-        return PyErr_Format(PyExc_TypeError, "read_slots_of takes a class, not %.100s", Py_TYPE(cls)->tp_name);
-    }
-    for (int i = 0; i < count; i++) {
-        PyObject *descr = PyObject_GetAttr(cls, *loop_names[i]);
-        if (descr == NULL) {
-            return NULL;
-        }
-        int usable = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX &&
-                     !(((PyMemberDescrObject *)descr)->d_member->flags & READONLY);
-        if (usable) {
-            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        }
-        Py_DECREF(descr);
-        if (!usable) {
-            return PyErr_Format(PyExc_ValueError, "%.100s.%U is not a writable __slots__ attribute",
-                                ((PyTypeObject *)cls)->tp_name, *loop_names[i]);
-        }
-    }
-    Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef(cls));
-    for (int i = 0; i < count; i++) {
-        slot_names[i] = *loop_names[i];
-        slot_offsets[i] = offsets[i];
-    }
-    slot_count = count;
-    Py_RETURN_NONE;
-}
-
-/* An int attribute of `obj`, or -1 with an exception set. */
+/* An int (a Python int converted), or -1 with an exception set; steals `value`. */
 static long long
-get_int(PyObject *obj, PyObject *name)
+as_int(PyObject *value)
 {
-    PyObject *value = get_attr(obj, name);
     if (value == NULL) {
         return -1;
     }
@@ -172,14 +118,21 @@ get_int(PyObject *obj, PyObject *name)
     return result;
 }
 
+/* An int field of a ChunkState, or -1 with an exception set. */
+static long long
+get_int(PyObject *state, int st)
+{
+    return as_int(get_field(state, st));
+}
+
 static int
-set_int(PyObject *obj, PyObject *name, long long value)
+set_int(PyObject *state, int st, long long value)
 {
     PyObject *number = PyLong_FromLongLong(value);
     if (number == NULL) {
         return -1;
     }
-    int status = set_attr(obj, name, number);
+    int status = set_field(state, st, number);
     Py_DECREF(number);
     return status;
 }
@@ -249,7 +202,7 @@ read_arrivals(PyObject *state, long long rank, long long arrived, int wide, int 
 {
     *first = -1;
     if (!wide) {
-        long long mask = *narrow = get_int(state, s_mask);
+        long long mask = *narrow = get_int(state, ST_MASK);
         if (mask < 0) {
             return -1;
         }
@@ -259,7 +212,7 @@ read_arrivals(PyObject *state, long long rank, long long arrived, int wide, int 
         }
         return 0;
     }
-    PyObject *mask = get_attr(state, s_mask);
+    PyObject *mask = get_field(state, ST_MASK);
     if (mask == NULL || (*taken = wide_mask_has(mask, rank)) < 0 ||
         (arrived == 1 && (*first = wide_first_arrival(mask)) < 0)) {
         Py_XDECREF(mask);
@@ -275,10 +228,10 @@ static int
 add_arrival(PyObject *state, long long rank, int wide, long long narrow)
 {
     if (!wide) {
-        return set_int(state, s_mask, narrow | 1LL << rank);
+        return set_int(state, ST_MASK, narrow | 1LL << rank);
     }
-    PyObject *mask = get_attr(state, s_mask), *with = mask == NULL ? NULL : wide_mask_with(mask, rank);
-    int status = with == NULL ? -1 : set_attr(state, s_mask, with);
+    PyObject *mask = get_field(state, ST_MASK), *with = mask == NULL ? NULL : wide_mask_with(mask, rank);
+    int status = with == NULL ? -1 : set_field(state, ST_MASK, with);
     Py_XDECREF(mask);
     Py_XDECREF(with);
     return status;
@@ -317,16 +270,19 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long first_rank, lon
         } else if (arrived == 2) {
             acc = PyList_GET_ITEM(slots, first_rank);
         } else {
-            acc = get_attr(state, s_acc);
+            acc = get_field(state, ST_ACC);
             if (acc == NULL) {
                 return -1;
             }
             Py_DECREF(acc); /* the state keeps it alive */
         }
-        PyObject *item = PyTuple_Pack(3, state, acc, last);
+        PyObject *item = PyTuple_New(contract.local_round.width);
         if (item == NULL) {
             return -1;
         }
+        PyTuple_SET_ITEM(item, contract.local_round.state, Py_NewRef(state));
+        PyTuple_SET_ITEM(item, contract.local_round.acc, Py_NewRef(acc));
+        PyTuple_SET_ITEM(item, contract.local_round.last, Py_NewRef(last));
         int status = PyList_Append(completed, item);
         Py_DECREF(item);
         return status;
@@ -334,7 +290,7 @@ fold(PyObject *state, PyObject *slots, PyObject *mine, long long first_rank, lon
     if (arrived < 2) {
         return 0; /* the first copy waits in its slot (see aggregation.py) */
     }
-    PyObject *acc_obj = get_attr(state, s_acc);
+    PyObject *acc_obj = get_field(state, ST_ACC);
     if (acc_obj == NULL) {
         return -1;
     }
@@ -378,7 +334,7 @@ PyDoc_STRVAR(drain_pushes_doc,
 "Handle the complete, in-turn PUSH frames of one worker connection found in staging[start:end].\n"
 "Returns (offset, stopped_at_frame): the offset of the first byte not consumed, and whether a\n"
 "frame this loop does not handle starts there (False: the bytes there are an incomplete frame).\n"
-"`table` is the job's int32 (chunks, 3) array [lane, payload bytes, ready]; `states` the list of\n"
+"`table` is the job's int32 fast_table [lane, payload bytes, ready]; `states` the list of\n"
 "ChunkState by chunk id. With `optimizers` (JobState.loop_optimizers) and `parts` (a dict), a\n"
 "round it completes on a lane that runs NAG or SGD is finished here, as JobState.finish_round and\n"
 "TcpServerPath.send_result would: the RESULT frames go on parts[lane], a small one copied onto a\n"
@@ -396,7 +352,8 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     long long rank, num_workers;
     PyObject *states, *completed, *optimizers = Py_None, *parts = Py_None;
     PyObject *staging_obj = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : NULL;
-    if (!PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!|OO:drain_pushes", &staging, &start, &end, &job, &sender,
+    if (ensure_contract() < 0 ||
+        !PyArg_ParseTuple(args, "w*nnIIiLLy*O!O!|OO:drain_pushes", &staging, &start, &end, &job, &sender,
                           &lane, &rank, &num_workers, &table, &PyList_Type, &states, &PyList_Type,
                           &completed, &optimizers, &parts)) {
         return NULL;
@@ -421,7 +378,8 @@ fp_drain_pushes(PyObject *self, PyObject *args)
         }
     }
     int stopped_at_frame = 0;
-    if (start < 0 || end > staging.len || start > end || table.len % (TABLE_COLUMNS * 4) != 0 ||
+    const fast_table_layout columns = contract.fast_table;
+    if (start < 0 || end > staging.len || start > end || table.len % (columns.width * 4) != 0 ||
         rank < 0 || rank >= num_workers) {
         PyErr_SetString(PyExc_ValueError, "drain_pushes: inconsistent arguments");
         goto done;
@@ -429,7 +387,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
     const int wide = num_workers > NARROW_WORKERS; /* the arrival masks are wider than a long long */
     const unsigned char *base = (const unsigned char *)staging.buf;
     const int32_t *rows = (const int32_t *)table.buf;
-    const Py_ssize_t chunks = table.len / (TABLE_COLUMNS * 4);
+    const Py_ssize_t chunks = table.len / (columns.width * 4);
     const Py_ssize_t listed = PyList_GET_SIZE(states);
     while (end - start >= HEADER_BYTES) {
         const unsigned char *h = base + start;
@@ -439,8 +397,8 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             stopped_at_frame = 1;
             break;
         }
-        const int32_t *row = rows + (Py_ssize_t)chunk * TABLE_COLUMNS;
-        if (row[0] != lane || row[2] != 1 || (uint32_t)row[1] != length) {
+        const int32_t *row = rows + (Py_ssize_t)chunk * columns.width;
+        if (row[columns.lane] != lane || row[columns.ready] != 1 || (uint32_t)row[columns.nbytes] != length) {
             stopped_at_frame = 1;
             break;
         }
@@ -448,8 +406,8 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             break; /* the payload is not all here yet */
         }
         PyObject *state = PyList_GET_ITEM(states, chunk);
-        long long rounds = get_int(state, s_rounds);
-        long long arrived = rounds < 0 ? -1 : get_int(state, s_arrived);
+        long long rounds = get_int(state, ST_ROUNDS);
+        long long arrived = rounds < 0 ? -1 : get_int(state, ST_ARRIVED);
         int taken;
         long long first, mask = 0;
         if (arrived < 0 || read_arrivals(state, rank, arrived, wide, &taken, &first, &mask) < 0) {
@@ -459,7 +417,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
             stopped_at_frame = 1; /* out of turn: the Python path says what is wrong */
             break;
         }
-        PyObject *slots = get_attr(state, s_slots);
+        PyObject *slots = get_field(state, ST_SLOTS);
         if (slots == NULL) {
             goto done;
         }
@@ -505,7 +463,7 @@ fp_drain_pushes(PyObject *self, PyObject *args)
                 PyBuffer_Release(&slot);
             }
         }
-        if (mine == NULL || add_arrival(state, rank, wide, mask) < 0 || set_int(state, s_arrived, arrived) < 0 ||
+        if (mine == NULL || add_arrival(state, rank, wide, mask) < 0 || set_int(state, ST_ARRIVED, arrived) < 0 ||
             fold(state, slots, mine, first, arrived, num_workers, (Py_ssize_t)length, completed) < 0) {
             Py_XDECREF(mine);
             Py_DECREF(slots);
@@ -525,33 +483,58 @@ done:
 }
 
 /* Whether the header at h is a RESULT of `job` for a chunk of `lane` with the plan's length
- * (`rows`: the int32 [lane, payload bytes] table of `chunks` chunks): the checks drain_results
- * and recv_results make before they look the result up. */
+ * (`rows`: the worker's int32 chunk_table of `chunks` chunks, see contract.chunk_table): the
+ * checks drain_results and recv_results make before they look the result up. */
 static inline int
 result_for_lane(const unsigned char *h, uint32_t job, int lane, const int32_t *rows, Py_ssize_t chunks)
 {
+    const chunk_table_layout columns = contract.chunk_table;
     uint32_t chunk = le32(h + 16), length = le32(h + 24);
-    return frame_from(h, KIND_RESULT, job, SERVER_SENDER) && chunk < (uint32_t)chunks && rows[2 * chunk] == lane &&
-           (uint32_t)rows[2 * chunk + 1] == length;
+    if (!frame_from(h, KIND_RESULT, job, SERVER_SENDER) || chunk >= (uint32_t)chunks) {
+        return 0;
+    }
+    const int32_t *row = rows + (Py_ssize_t)chunk * columns.width;
+    return row[columns.lane] == lane && (uint32_t)row[columns.nbytes] == length;
 }
 
-/* The client's `expect` entry (chunk id -> (destination bytes, [iteration, handle]), see
- * protocol/worker.py) awaiting the RESULT of chunk `key` after `iteration` rounds, as a new
- * reference; NULL when none does (with an exception set only when the lookup itself failed). */
+/* How many chunks the worker's chunk_table `table` lists; -1 with ValueError set when its size
+ * is not a whole number of rows (`who`: the loop, for the message). */
+static Py_ssize_t
+chunk_table_rows(const Py_buffer *table, const char *who)
+{
+    const Py_ssize_t row_bytes = contract.chunk_table.width * 4;
+    if (table->len % row_bytes != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: inconsistent arguments", who);
+        return -1;
+    }
+    return table->len / row_bytes;
+}
+
+/* The client's `expect` entry (chunk id -> an "expect entry" of the contract: destination bytes
+ * and the list "awaited" [iteration, handle], in the positions protocol/worker.py declares)
+ * awaiting the RESULT of chunk `key` after `iteration` rounds, as a new reference; NULL when
+ * none does (with an exception set only when the lookup itself failed). */
 static PyObject *
 expected_result(PyObject *expect, PyObject *key, uint32_t iteration)
 {
     PyObject *entry = PyDict_GetItemWithError(expect, key); /* borrowed */
-    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != contract.entry.width) {
         return NULL;
     }
-    PyObject *awaited = PyTuple_GET_ITEM(entry, 1);
-    if (!PyList_Check(awaited) || PyList_GET_SIZE(awaited) != 2 ||
-        PyLong_AsLongLong(PyList_GET_ITEM(awaited, 0)) != (long long)iteration) {
+    PyObject *awaited = PyTuple_GET_ITEM(entry, contract.entry.awaited);
+    if (!PyList_Check(awaited) || PyList_GET_SIZE(awaited) != contract.awaited.width ||
+        PyLong_AsLongLong(PyList_GET_ITEM(awaited, contract.awaited.iteration)) != (long long)iteration) {
         return NULL;
     }
     Py_INCREF(entry);
     return entry;
+}
+
+/* The destination bytes of an `expect` entry that expected_result returned (borrowed). */
+static inline PyObject *
+entry_destination(PyObject *entry)
+{
+    return PyTuple_GET_ITEM(entry, contract.entry.destination);
 }
 
 /* Results landed but not yet counted in for their handle: consecutive results mostly belong to
@@ -570,7 +553,8 @@ tell_arrivals(arrivals *a)
         return 0;
     }
     PyObject *count = PyLong_FromLong(a->count);
-    PyObject *called = count == NULL ? NULL : PyObject_CallMethodOneArg(a->handle, s_arrived_method, count);
+    PyObject *called = count == NULL ? NULL
+                                     : PyObject_CallMethodOneArg(a->handle, field_names[FIELD_HANDLE_ARRIVED], count);
     Py_XDECREF(count);
     Py_CLEAR(a->handle);
     Py_XDECREF(called);
@@ -598,7 +582,7 @@ tell_arrivals_on_exit(arrivals *a)
 static int
 result_landed(PyObject *expect, PyObject *key, PyObject *entry, arrivals *a)
 {
-    PyObject *handle = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, 1), 1);
+    PyObject *handle = PyList_GET_ITEM(PyTuple_GET_ITEM(entry, contract.entry.awaited), contract.awaited.handle);
     if (handle != a->handle) {
         if (tell_arrivals(a) < 0) {
             return -1;
@@ -616,9 +600,9 @@ result_landed(PyObject *expect, PyObject *key, PyObject *entry, arrivals *a)
 PyDoc_STRVAR(drain_results_doc,
 "drain_results(staging, start, end, job, lane, table, expect)\n--\n\n"
 "The worker's side: copy the complete RESULT frames in staging[start:end] that the client\n"
-"expects on this lane into their destinations (what Client._payload_target + _on_frame do).\n"
-"`table` is the int32 (chunks, 2) array [lane, payload bytes]; `expect` the client's dict\n"
-"chunk id -> (destination bytes, [iteration, handle]): an entry is removed and its handle's\n"
+"expects on this lane into their destinations (what WorkerProtocol.payload_target and\n"
+"frame_received do). `table` is the worker's int32 chunk_table [lane, payload bytes]; `expect`\n"
+"its dict chunk id -> (destination bytes, [iteration, handle]): an entry is removed and its handle's\n"
 "_arrived(count) told what landed, once per run of results of one handle, before it returns.\n"
 "Returns (offset, stopped_at_frame) as drain_pushes does.");
 
@@ -630,20 +614,23 @@ fp_drain_results(PyObject *self, PyObject *args)
     unsigned int job;
     int lane;
     PyObject *expect;
-    if (!PyArg_ParseTuple(args, "w*nnIiy*O!:drain_results", &staging, &start, &end, &job, &lane, &table,
-                          &PyDict_Type, &expect)) {
+    if (ensure_contract() < 0 || !PyArg_ParseTuple(args, "w*nnIiy*O!:drain_results", &staging, &start, &end, &job,
+                                                   &lane, &table, &PyDict_Type, &expect)) {
         return NULL;
     }
     PyObject *result = NULL;
     arrivals landed = {NULL, 0};
     int stopped_at_frame = 0;
-    if (start < 0 || end > staging.len || start > end || table.len % 8 != 0) {
+    const Py_ssize_t chunks = chunk_table_rows(&table, "drain_results");
+    if (chunks < 0) {
+        goto done;
+    }
+    if (start < 0 || end > staging.len || start > end) {
         PyErr_SetString(PyExc_ValueError, "drain_results: inconsistent arguments");
         goto done;
     }
     const unsigned char *base = (const unsigned char *)staging.buf;
     const int32_t *rows = (const int32_t *)table.buf;
-    const Py_ssize_t chunks = table.len / 8;
     while (end - start >= HEADER_BYTES) {
         const unsigned char *h = base + start;
         uint32_t chunk = le32(h + 16), iteration = le32(h + 20), length = le32(h + 24);
@@ -668,7 +655,7 @@ fp_drain_results(PyObject *self, PyObject *args)
             break;
         }
         Py_buffer dest;
-        int status = get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest);
+        int status = get_floats(entry_destination(entry), (Py_ssize_t)length, &dest);
         if (status == 0) {
             memcpy(dest.buf, h + HEADER_BYTES, length);
             PyBuffer_Release(&dest);
@@ -699,7 +686,9 @@ static PyMethodDef fp_methods[] = {
     {"drain_pushes", fp_drain_pushes, METH_VARARGS, drain_pushes_doc},
     {"drain_results", fp_drain_results, METH_VARARGS, drain_results_doc},
     {"recv_results", fp_recv_results, METH_VARARGS, recv_results_doc},
-    {"read_slots_of", fp_read_slots_of, METH_O, read_slots_of_doc},
+    {"register_contract", fp_register_contract, METH_O, register_contract_doc},
+    {"contract_fields", fp_contract_fields, METH_NOARGS, contract_fields_doc},
+    {"registered_contract", fp_registered_contract, METH_NOARGS, registered_contract_doc},
     {"send_queued", fp_send_queued, METH_VARARGS, send_queued_doc},
     {"rack_rounds_done", fp_rack_rounds_done, METH_VARARGS, rack_rounds_done_doc},
     {"drain_rack_frames", fp_drain_rack_frames, METH_VARARGS, drain_rack_frames_doc},
@@ -717,17 +706,12 @@ static struct PyModuleDef fp_module = {
 PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
-    PyObject **names[] = {&s_rounds, &s_arrived, &s_mask, &s_slots, &s_acc, &s_arrived_method, &s_chunk, &s_id,
-                          &s_lane, &s_mom, &s_weight, &s_weight_view, &s_result_view, &s_popleft};
-    const char *texts[] = {"rounds", "arrived", "mask", "slots", "acc", "_arrived", "chunk", "id",
-                           "lane", "mom", "weight", "weight_view", "result_view", "popleft"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
-            return NULL;
-        }
+    if ((s_popleft = PyUnicode_InternFromString("popleft")) == NULL) {
+        return NULL;
     }
     PyObject *module = PyModule_Create(&fp_module);
-    if (module == NULL || PyModule_AddIntConstant(module, "CURSOR_BYTES", CURSOR_BYTES) < 0) {
+    if (module == NULL || contract_init(module) < 0 ||
+        PyModule_AddIntConstant(module, "CURSOR_BYTES", CURSOR_BYTES) < 0) {
         Py_XDECREF(module);
         return NULL;
     }

@@ -134,8 +134,8 @@ fp_recv_results(PyObject *self, PyObject *args)
     int fd, lane;
     unsigned int job;
     PyObject *expect;
-    if (!PyArg_ParseTuple(args, "iw*Iiy*O!:recv_results", &fd, &cursor_view, &job, &lane, &table, &PyDict_Type,
-                          &expect)) {
+    if (ensure_contract() < 0 || !PyArg_ParseTuple(args, "iw*Iiy*O!:recv_results", &fd, &cursor_view, &job, &lane,
+                                                   &table, &PyDict_Type, &expect)) {
         return NULL;
     }
     int code = -2;
@@ -144,12 +144,11 @@ fp_recv_results(PyObject *self, PyObject *args)
     if (c == NULL) {
         goto done;
     }
-    if (table.len % 8 != 0) {
-        PyErr_SetString(PyExc_ValueError, "recv_results: inconsistent arguments");
+    const Py_ssize_t chunks = chunk_table_rows(&table, "recv_results");
+    if (chunks < 0) {
         goto done;
     }
     const int32_t *rows = (const int32_t *)table.buf;
-    const Py_ssize_t chunks = table.len / 8;
     for (;;) {
         if ((code = read_header(fd, c)) != -1) {
             break;
@@ -173,7 +172,7 @@ fp_recv_results(PyObject *self, PyObject *args)
         }
         Py_buffer dest;
         Py_ssize_t n = -2;
-        if (get_floats(PyTuple_GET_ITEM(entry, 0), (Py_ssize_t)length, &dest) == 0) {
+        if (get_floats(entry_destination(entry), (Py_ssize_t)length, &dest) == 0) {
             n = read_some(fd, c, (char *)dest.buf, length);
             PyBuffer_Release(&dest);
         }

@@ -13,6 +13,8 @@
  * per rack. Anything these loops do not handle in full (another kind of frame, a field or a turn
  * that is wrong) is left to the Python path, which raises the errors it always raises; the sums
  * are the Python path's float32 operations in its order (rack 0 + rack 1, then + rack 2, ...).
+ * The tables' columns and the records these loops read and build are the round contract's
+ * (_fastpath_contract.h; phub/fastpath_contract.py lists them).
  * Included by _fastpath.c after _fastpath_rounds.h: one translation unit, several files.
  */
 #ifndef PHUB_FASTPATH_RACKS_H
@@ -20,15 +22,16 @@
 
 #define KIND_PARTIAL 11
 #define KIND_TOTAL 16
-#define RACK_COLUMNS 3 /* HierarchicalJobState.rack_table: owner (-1: not here), arrival bits, interface */
 #define MAX_RACKS 62   /* the arrival bits fit a signed 64-bit int */
 
 /* What every call of the two loops shares: the job's tables and where the work goes. */
 typedef struct {
     uint32_t job;
     long long rack, racks;
-    const int32_t *table; /* fast_table: lane, payload bytes, ready */
-    int64_t *rack_table;
+    const int32_t *table; /* JobState.fast_table, columns as contract.fast_table */
+    int64_t *rack_table;  /* HierarchicalJobState.rack_table, columns as contract.rack_table */
+    fast_table_layout columns;
+    rack_table_layout rack_columns;
     Py_ssize_t chunks;
     PyObject *rack_rows, *states, *optimizers, *results, *out, *completed;
     /* the last lane's optimizer, parsed once per run of chunks of that lane */
@@ -115,7 +118,7 @@ static int
 finish_total(rack_loop *loop, PyObject *state, uint32_t cid, long long rounds, PyObject *block, Py_ssize_t row,
              const float *total, Py_ssize_t nbytes)
 {
-    const long long lane = loop->table[(Py_ssize_t)cid * TABLE_COLUMNS];
+    const long long lane = loop->table[(Py_ssize_t)cid * loop->columns.width + loop->columns.lane];
     PyObject *lane_key = PyLong_FromLongLong(lane);
     if (lane_key == NULL) {
         return -1;
@@ -133,7 +136,11 @@ finish_total(rack_loop *loop, PyObject *state, uint32_t cid, long long rounds, P
         return 0;
     }
     PyObject *total_row = PySequence_GetItem(block, row); /* a view of the row, for Python */
-    PyObject *item = total_row == NULL ? NULL : PyTuple_Pack(2, state, total_row);
+    PyObject *item = total_row == NULL ? NULL : PyTuple_New(contract.rack_total.width);
+    if (item != NULL) {
+        PyTuple_SET_ITEM(item, contract.rack_total.state, Py_NewRef(state));
+        PyTuple_SET_ITEM(item, contract.rack_total.total, Py_NewRef(total_row));
+    }
     Py_XDECREF(total_row);
     int status = item == NULL ? -1 : PyList_Append(loop->completed, item);
     Py_XDECREF(item);
@@ -159,7 +166,7 @@ sum_racks(rack_loop *loop, PyObject *state, uint32_t cid, long long rounds, PyOb
             total[i] = total[i] + partial[i];
         }
     }
-    loop->rack_table[(Py_ssize_t)cid * RACK_COLUMNS + 1] = 0;
+    loop->rack_table[(Py_ssize_t)cid * loop->rack_columns.width + loop->rack_columns.arrived] = 0;
     for (long long r = 0; r < racks; r++) {
         if (r != loop->rack &&
             queue_rack_frame(loop, r, KIND_TOTAL, cid, (uint32_t)(rounds + 1), total, nbytes) < 0) {
@@ -187,14 +194,17 @@ parse_loop(rack_loop *loop, unsigned int job, long long rack, long long racks, P
            PyObject *rack_rows, PyObject *states, PyObject *optimizers, PyObject *results, PyObject *out,
            PyObject *completed)
 {
-    if (racks < 2 || racks > MAX_RACKS || rack < 0 || rack >= racks || table->len % (TABLE_COLUMNS * 4) != 0 ||
-        rack_table->len != table->len / (TABLE_COLUMNS * 4) * RACK_COLUMNS * 8 || !PyDict_Check(optimizers) ||
+    const fast_table_layout columns = contract.fast_table;
+    const rack_table_layout rack_columns = contract.rack_table;
+    if (racks < 2 || racks > MAX_RACKS || rack < 0 || rack >= racks || table->len % (columns.width * 4) != 0 ||
+        rack_table->len != table->len / (columns.width * 4) * rack_columns.width * 8 || !PyDict_Check(optimizers) ||
         !PyDict_Check(results) || !PyDict_Check(out)) {
         PyErr_SetString(PyExc_ValueError, "rack loop: inconsistent arguments");
         return -1;
     }
     *loop = (rack_loop){.job = job, .rack = rack, .racks = racks, .table = (const int32_t *)table->buf,
-                        .rack_table = (int64_t *)rack_table->buf, .chunks = table->len / (TABLE_COLUMNS * 4),
+                        .rack_table = (int64_t *)rack_table->buf, .chunks = table->len / (columns.width * 4),
+                        .columns = columns, .rack_columns = rack_columns,
                         .rack_rows = rack_rows, .states = states, .optimizers = optimizers, .results = results,
                         .out = out, .completed = completed, .cached_lane = -1};
     return 0;
@@ -218,7 +228,8 @@ fp_rack_rounds_done(PyObject *self, PyObject *args)
     unsigned int job;
     long long rack, racks;
     Py_buffer table, rack_table;
-    if (!PyArg_ParseTuple(args, "O!ILLy*w*O!O!OOOO!:rack_rounds_done", &PyList_Type, &local, &job, &rack, &racks,
+    if (ensure_contract() < 0 ||
+        !PyArg_ParseTuple(args, "O!ILLy*w*O!O!OOOO!:rack_rounds_done", &PyList_Type, &local, &job, &rack, &racks,
                           &table, &rack_table, &PyList_Type, &rack_rows, &PyList_Type, &states, &optimizers, &results,
                           &out, &PyList_Type, &completed)) {
         return NULL;
@@ -232,16 +243,17 @@ fp_rack_rounds_done(PyObject *self, PyObject *args)
     const long long all = (1LL << racks) - 1;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(local); k++) {
         PyObject *item = PyList_GET_ITEM(local, k);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
-            PyErr_SetString(PyExc_TypeError, "rack_rounds_done: each local round is (state, acc, last)");
+        const local_round_layout at = contract.local_round;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != at.width) {
+            PyErr_SetString(PyExc_TypeError, "rack_rounds_done: each local round is a tuple as drain_pushes makes");
             goto done;
         }
-        PyObject *state = PyTuple_GET_ITEM(item, 0), *acc_obj = PyTuple_GET_ITEM(item, 1);
-        PyObject *last_obj = PyTuple_GET_ITEM(item, 2);
-        PyObject *chunk_obj = get_attr(state, s_chunk);
-        long long cid = chunk_obj == NULL ? -1 : get_int(chunk_obj, s_id);
+        PyObject *state = PyTuple_GET_ITEM(item, at.state), *acc_obj = PyTuple_GET_ITEM(item, at.acc);
+        PyObject *last_obj = PyTuple_GET_ITEM(item, at.last);
+        PyObject *chunk_obj = get_field(state, ST_CHUNK);
+        long long cid = chunk_obj == NULL ? -1 : as_int(PyObject_GetAttr(chunk_obj, field_names[FIELD_CHUNK_ID]));
         Py_XDECREF(chunk_obj);
-        long long rounds = cid < 0 ? -1 : get_int(state, s_rounds);
+        long long rounds = cid < 0 ? -1 : get_int(state, ST_ROUNDS);
         if (rounds < 0) {
             goto done;
         }
@@ -249,9 +261,9 @@ fp_rack_rounds_done(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_AssertionError, "rack_rounds_done: chunk %lld is not in the table", cid);
             goto done;
         }
-        int64_t *entry = loop.rack_table + cid * RACK_COLUMNS;
-        const long long owner = entry[0];
-        const Py_ssize_t nbytes = loop.table[cid * TABLE_COLUMNS + 1];
+        int64_t *entry = loop.rack_table + cid * loop.rack_columns.width;
+        const long long owner = entry[loop.rack_columns.owner];
+        const Py_ssize_t nbytes = loop.table[cid * loop.columns.width + loop.columns.nbytes];
         const int owns = owner == rack;
         PyObject *block;
         Py_buffer rows_view, acc = {0}, last = {0};
@@ -282,8 +294,8 @@ fp_rack_rounds_done(PyObject *self, PyObject *args)
         }
         PyBuffer_Release(&acc);
         release_acquired(&last);
-        const long long bits = entry[1] | 1LL << rack;
-        entry[1] = bits;
+        const long long bits = entry[loop.rack_columns.arrived] | 1LL << rack;
+        entry[loop.rack_columns.arrived] = bits;
         int status = 0;
         if (!owns) {
             status = queue_rack_frame(&loop, owner, KIND_PARTIAL, (uint32_t)cid, (uint32_t)(rounds + 1), mine, nbytes);
@@ -317,7 +329,8 @@ fp_drain_rack_frames(PyObject *self, PyObject *args)
     unsigned int job;
     long long rack, from_rack, racks, interface;
     PyObject *rack_rows, *states, *optimizers, *results, *out, *completed;
-    if (!PyArg_ParseTuple(args, "y*nnILLLLy*w*O!O!OOOO!:drain_rack_frames", &staging, &start, &end, &job, &rack,
+    if (ensure_contract() < 0 ||
+        !PyArg_ParseTuple(args, "y*nnILLLLy*w*O!O!OOOO!:drain_rack_frames", &staging, &start, &end, &job, &rack,
                           &from_rack, &racks, &interface, &table, &rack_table, &PyList_Type, &rack_rows, &PyList_Type,
                           &states, &optimizers, &results, &out, &PyList_Type, &completed)) {
         return NULL;
@@ -345,12 +358,15 @@ fp_drain_rack_frames(PyObject *self, PyObject *args)
             stopped_at_frame = 1;
             break;
         }
-        const int32_t *row = loop.table + (Py_ssize_t)chunk * TABLE_COLUMNS;
-        int64_t *entry = loop.rack_table + (Py_ssize_t)chunk * RACK_COLUMNS;
-        const long long owner = entry[0], bits = entry[1];
+        const fast_table_layout columns = loop.columns;
+        const rack_table_layout rack_columns = loop.rack_columns;
+        const int32_t *row = loop.table + (Py_ssize_t)chunk * columns.width;
+        int64_t *entry = loop.rack_table + (Py_ssize_t)chunk * rack_columns.width;
+        const long long owner = entry[rack_columns.owner], bits = entry[rack_columns.arrived];
         const int in_turn_kind = kind == KIND_PARTIAL ? owner == rack && !(bits >> from_rack & 1)
                                                       : owner == from_rack && (bits >> rack & 1);
-        if (row[0] < 0 || (uint32_t)row[1] != length || owner < 0 || entry[2] != interface || !in_turn_kind) {
+        if (row[columns.lane] < 0 || (uint32_t)row[columns.nbytes] != length || owner < 0 ||
+            entry[rack_columns.interface] != interface || !in_turn_kind) {
             stopped_at_frame = 1; /* the Python path says what is wrong */
             break;
         }
@@ -358,7 +374,7 @@ fp_drain_rack_frames(PyObject *self, PyObject *args)
             break; /* the payload is not all here yet */
         }
         PyObject *state = PyList_GET_ITEM(states, chunk);
-        long long rounds = get_int(state, s_rounds);
+        long long rounds = get_int(state, ST_ROUNDS);
         if (rounds < 0) {
             goto done;
         }
@@ -377,13 +393,13 @@ fp_drain_rack_frames(PyObject *self, PyObject *args)
         int status = 0;
         if (kind == KIND_PARTIAL) { /* partial_target + on_partial */
             memcpy(rows + from_rack * n, h + HEADER_BYTES, (size_t)nbytes);
-            entry[1] = bits | 1LL << from_rack;
-            if (entry[1] == all) {
+            entry[rack_columns.arrived] = bits | 1LL << from_rack;
+            if (entry[rack_columns.arrived] == all) {
                 status = sum_racks(&loop, state, chunk, rounds, block, rows, nbytes);
             }
         } else { /* total_target + on_total */
             memcpy(rows + n, h + HEADER_BYTES, (size_t)nbytes);
-            entry[1] = 0;
+            entry[rack_columns.arrived] = 0;
             status = finish_total(&loop, state, chunk, rounds, block, 1, rows + n, nbytes);
         }
         PyBuffer_Release(&rows_view);

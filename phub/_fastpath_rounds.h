@@ -1,8 +1,8 @@
 /*
  * phub._fastpath, continued: how drain_pushes finishes in C the rounds it completes on a lane
  * that runs NAG or SGD (see the top of _fastpath.c): the optimizer pass, the bookkeeping and the
- * RESULT frames. Included by _fastpath.c before drain_pushes, after the helpers it uses (get_int,
- * set_int, get_floats, the interned attribute names): one translation unit, several files.
+ * RESULT frames. Included by _fastpath.c before drain_pushes, after the helpers it uses (get_field,
+ * get_int, set_int, get_floats, the round contract): one translation unit, several files.
  */
 #ifndef PHUB_FASTPATH_ROUNDS_H
 #define PHUB_FASTPATH_ROUNDS_H
@@ -17,8 +17,8 @@ release_acquired(Py_buffer *view)
     }
 }
 
-/* An optimizer as JobState.loop_optimizers holds it (Optimizer.loop_params):
- * (kind, needs_momentum, lr, momentum, wd, rescale, clip). */
+/* An optimizer as JobState.loop_optimizers holds it (Optimizer.loop_params): a tuple whose
+ * fields are where the contract's "loop params" layout (optim.LOOP_PARAMS_FIELDS) puts them. */
 enum { OPT_NAG = 1, OPT_SGD = 2 };
 typedef struct {
     int kind, needs_mom;
@@ -33,8 +33,19 @@ parse_optimizer(PyObject *params, fast_optimizer *opt)
     if (params == Py_None) {
         return 0;
     }
-    if (!PyArg_ParseTuple(params, "ipfffff", &opt->kind, &opt->needs_mom, &opt->lr, &opt->mu, &opt->wd,
-                          &opt->rescale, &opt->clip)) {
+    const params_layout at = contract.params;
+    if (!PyTuple_Check(params) || PyTuple_GET_SIZE(params) != at.width) {
+        PyErr_Format(PyExc_TypeError, "an optimizer's loop params must be a tuple of %zd, not %R", at.width, params);
+        return -1;
+    }
+    opt->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(params, at.kind));
+    opt->needs_mom = PyObject_IsTrue(PyTuple_GET_ITEM(params, at.needs_momentum));
+    opt->lr = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(params, at.learning_rate));
+    opt->mu = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(params, at.momentum));
+    opt->wd = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(params, at.wd));
+    opt->rescale = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(params, at.rescale_grad));
+    opt->clip = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(params, at.clip_gradient));
+    if (PyErr_Occurred()) {
         return -1;
     }
     return opt->kind == OPT_NAG || opt->kind == OPT_SGD;
@@ -124,8 +135,8 @@ finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds
     PyObject *mom_obj = NULL, *weight_obj = NULL, *view = NULL, *shown = NULL;
     Py_buffer w = {0}, m = {0};
     int done = -1;
-    if ((mom_obj = get_attr(state, s_mom)) == NULL || (view = get_attr(state, s_weight_view)) == NULL ||
-        (shown = get_attr(state, s_result_view)) == NULL) {
+    if ((mom_obj = get_field(state, ST_MOM)) == NULL || (view = get_field(state, ST_WEIGHT_VIEW)) == NULL ||
+        (shown = get_field(state, ST_RESULT_VIEW)) == NULL) {
         goto out;
     }
     const int needs_mom = opt.needs_mom;
@@ -133,7 +144,7 @@ finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds
         done = 0; /* its first round (momentum to allocate) or a result of its own: finish_round */
         goto out;
     }
-    if ((weight_obj = get_attr(state, s_weight)) == NULL || get_floats(weight_obj, nbytes, &w) < 0 ||
+    if ((weight_obj = get_field(state, ST_WEIGHT)) == NULL || get_floats(weight_obj, nbytes, &w) < 0 ||
         (needs_mom && get_floats(mom_obj, nbytes, &m) < 0)) {
         goto out;
     }
@@ -144,7 +155,7 @@ finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds
     } else {
         sgd_pass((float *)w.buf, mom, acc, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
     }
-    if (set_int(state, s_rounds, rounds + 1) < 0 || set_int(state, s_arrived, 0) < 0 || set_int(state, s_mask, 0) < 0 ||
+    if (set_int(state, ST_ROUNDS, rounds + 1) < 0 || set_int(state, ST_ARRIVED, 0) < 0 || set_int(state, ST_MASK, 0) < 0 ||
         queue_result(parts, lane, job, (uint32_t)cid, (uint32_t)(rounds + 1), &w, view) < 0) {
         goto out;
     }
@@ -172,7 +183,7 @@ finish_in_place(PyObject *state, PyObject *slots, long long first, long long num
     if (num_workers == 1) {
         return finish_round_of(state, lane, chunk, rounds, mine, NULL, nbytes, job, opt, parts);
     }
-    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, first)) : get_attr(state, s_acc);
+    PyObject *acc_obj = num_workers == 2 ? Py_NewRef(PyList_GET_ITEM(slots, first)) : get_field(state, ST_ACC);
     Py_buffer acc;
     int status = acc_obj == NULL ? -1 : get_floats(acc_obj, nbytes, &acc);
     Py_XDECREF(acc_obj);

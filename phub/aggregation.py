@@ -30,6 +30,12 @@ from .chunking import Chunk, ChunkPlan, Topology
 from .errors import ProtocolError
 from .optim import Aggregate, Optimizer
 
+# JobState.fast_table's columns, by chunk id: the chunk's lane here (-1: another core's), its
+# payload bytes, and whether it is ready (1: its lane and batch are initialized). The C push loop
+# reads them by these names (phub/fastpath_contract.py).
+FAST_TABLE_COLUMNS = ("lane", "nbytes", "ready")
+_LANE, _NBYTES, _READY = (FAST_TABLE_COLUMNS.index(name) for name in ("lane", "nbytes", "ready"))
+
 
 class ChunkState:
     """Buffers and round bookkeeping of one owned chunk."""
@@ -99,10 +105,9 @@ class JobState:
         self._uninitialized: Dict[Tuple[int, int], Set[int]] = {}  # (lane, batch) -> chunk ids
         self._ready_sent: Set[Tuple[int, int]] = set()
         self._digests: List[str] = []
-        # What the C push loop (phub/_fastpath.c, used by staged links) reads per chunk id: its
-        # lane here (-1: another core's), payload bytes, ready (its lane and batch initialized);
-        # and the owned ChunkState by chunk id (None for another core's).
-        self.fast_table = np.zeros((0, 3), dtype=np.int32)
+        # What the C push loop (phub/_fastpath.c, used by staged links) reads per chunk id: a row
+        # of FAST_TABLE_COLUMNS, and the owned ChunkState by chunk id (None for another core's).
+        self.fast_table = np.zeros((0, len(FAST_TABLE_COLUMNS)), dtype=np.int32)
         self.fast_states: List[Optional[ChunkState]] = []
         # Where a new batch's buffers live: None = the heap; the verbs data path sets a function
         # returning [(chunks, weights, slots[rank], results or None)] in registered memory.
@@ -151,9 +156,9 @@ class JobState:
                 offset = end
 
     def _extend_fast_table(self, new: List[Chunk]) -> None:
-        rows = np.zeros((len(new), 3), dtype=np.int32)
+        rows = np.zeros((len(new), len(FAST_TABLE_COLUMNS)), dtype=np.int32)
         for i, c in enumerate(new):
-            rows[i] = (c.lane if c.id in self.owned else -1, c.nbytes, 0)
+            rows[i, _LANE], rows[i, _NBYTES], rows[i, _READY] = c.lane if c.id in self.owned else -1, c.nbytes, 0
             self.fast_states.append(self.owned.get(c.id))
         self.fast_table = np.concatenate([self.fast_table, rows])
 
@@ -214,7 +219,7 @@ class JobState:
         self._ready_sent.add((lane, batch))
         chunks = tuple(s for s in self.owned.values() if s.chunk.lane == lane and s.chunk.batch == batch)
         for state in chunks:
-            self.fast_table[state.chunk.id, 2] = 1
+            self.fast_table[state.chunk.id, _READY] = 1
         return [ReadyLane(lane, batch, chunks)]
 
     def _ready_all(self, batch: int) -> list:

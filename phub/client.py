@@ -27,21 +27,23 @@ import numpy as np
 from . import exiting, wire
 from .chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
-from .protocol.worker import WorkerProtocol, awaited_by
+from .protocol.worker import WorkerProtocol, awaited_by, expect_entry
 from .datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
+from .fastpath_contract import fastpath
 from .handle import Handle
 from .messages import MAX_WORKERS
 from .optim import Optimizer
 from .transport import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
                         recv_control, staging_capacity)
 
-try:
-    from ._fastpath import drain_results, recv_results
-except ImportError:  # not built: every frame takes the Python path
-    drain_results = recv_results = None
+# The worker's C loops, their round contract registered; None when not built: every frame takes
+# the Python path.
+drain_results = recv_results = None
+if fastpath is not None:
+    drain_results, recv_results = fastpath.drain_results, fastpath.recv_results
 
 DEFAULT_TIMEOUT = 300.0
 MAX_JOB_ID = 2**32 - 1  # a frame header's job field is 32 bits (as JobSpec)
@@ -183,7 +185,7 @@ class Client(ClientLoop, SideChannels):
         for chunk in new:
             self._iterations.setdefault(chunk.key, 0)
             dest = memoryview(flat[chunk.key][chunk.offset:chunk.offset + chunk.size]).cast("B")
-            self._protocol.expect[chunk.id] = (dest, awaited)
+            self._protocol.expect[chunk.id] = expect_entry(dest, awaited)
         register = {"batch": batch, "arrays": [[k, int(a.size)] for k, a in arrays.items()]}
         lane_fields = self._data.register_batch(batch, len(self._links))
         frames = [(link, wire.control_frame(wire.Kind.REGISTER, self.job_id, self.rank, {**register, **fields}, batch))

@@ -33,6 +33,12 @@ from .aggregation import ChunkState, JobState
 from .chunking import Chunk, Topology
 from .errors import ProtocolError
 
+# HierarchicalJobState.rack_table's columns, by chunk id: the rack that sums the chunk (-1: another
+# core's chunk), the racks whose partial of this round is in (a bit each), the chunk's interface.
+# The C rack loops read and write them by these names (phub/fastpath_contract.py).
+RACK_TABLE_COLUMNS = ("owner", "arrived", "interface")
+_OWNER, _ARRIVED, _INTERFACE = (RACK_TABLE_COLUMNS.index(name) for name in ("owner", "arrived", "interface"))
+
 
 @dataclass(frozen=True)
 class SendPartial:
@@ -103,11 +109,10 @@ class HierarchicalJobState(JobState):
         self._rows: Dict[int, np.ndarray] = {}
         self._row_views: Dict[int, List[memoryview]] = {}
         # What the C rack loop (phub/_fastpath_racks.h) reads and writes, by chunk id, beside the
-        # fast_table: [owner rack (-1: another core's chunk), the racks whose partial of this round
-        # is in (a bit each; on another rack than the owner only its own bit), the chunk's
-        # interface]; and the chunk's rows (None: another core's). The Python path keeps its
-        # arrival bits here too, so both paths see one truth.
-        self.rack_table = np.zeros((0, 3), dtype=np.int64)
+        # fast_table: a row of RACK_TABLE_COLUMNS (on another rack than the owner, "arrived" holds
+        # only its own bit), and the chunk's rows (None: another core's). The Python path keeps
+        # its arrival bits here too, so both paths see one truth.
+        self.rack_table = np.zeros((0, len(RACK_TABLE_COLUMNS)), dtype=np.int64)
         self.rack_rows: List[Optional[np.ndarray]] = []
         self._announced: Set[int] = set()
         self._peer_ready: Dict[int, Set[int]] = {}
@@ -126,19 +131,20 @@ class HierarchicalJobState(JobState):
 
     def _extend_fast_table(self, new: List[Chunk]) -> None:
         super()._extend_fast_table(new)
-        rows = np.zeros((len(new), 3), dtype=np.int64)
+        rows = np.zeros((len(new), len(RACK_TABLE_COLUMNS)), dtype=np.int64)
         for i, c in enumerate(new):
             owned = c.id in self.owned
-            rows[i] = (self.owner[c.id] if owned else -1, 0, self.plan.topology.lane_interface(c.lane))
+            rows[i, _OWNER] = self.owner[c.id] if owned else -1
+            rows[i, _ARRIVED], rows[i, _INTERFACE] = 0, self.plan.topology.lane_interface(c.lane)
             self.rack_rows.append(self._rows[c.id] if owned else None)
         self.rack_table = np.concatenate([self.rack_table, rows])
 
     def arrived_bits(self, chunk_id: int) -> int:
         """The racks whose partial of the chunk's current round is in (a bit each)."""
-        return int(self.rack_table[chunk_id, 1])
+        return int(self.rack_table[chunk_id, _ARRIVED])
 
     def _set_arrived(self, chunk_id: int, bits: int) -> None:
-        self.rack_table[chunk_id, 1] = bits
+        self.rack_table[chunk_id, _ARRIVED] = bits
 
     def interface_of(self, chunk_id: int) -> int:
         """The interface whose link carries the chunk between racks (its lane's)."""

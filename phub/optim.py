@@ -12,6 +12,9 @@ from typing import Dict, Type
 from .errors import ConfigError
 
 LOOP_NAG, LOOP_SGD = 1, 2  # the optimizers phub/_fastpath.c runs itself (its OPT_NAG, OPT_SGD)
+# What `Optimizer.loop_params` returns, in this order; the C loops read the fields by these names
+# (phub/fastpath_contract.py). "kind" is the optimizer's loop_kind; the others are its attributes.
+LOOP_PARAMS_FIELDS = ("kind", "needs_momentum", "learning_rate", "momentum", "wd", "rescale_grad", "clip_gradient")
 
 
 def _check(cls_name: str, name: str, value, *, minimum: float = None, positive: bool = False):
@@ -38,13 +41,11 @@ class Optimizer:
         raise NotImplementedError  # pragma: no cover
 
     def loop_params(self):
-        """What a core's C loop needs to run this optimizer itself (phub/_fastpath_rounds.h):
-        (kind, needs_momentum, lr, momentum, wd, rescale_grad, clip_gradient),
-        or None when it leaves the optimizer to `apply`."""
+        """What a core's C loop needs to run this optimizer itself (phub/_fastpath_rounds.h): a
+        tuple of LOOP_PARAMS_FIELDS, or None when it leaves the optimizer to `apply`."""
         if self.loop_kind is None:
             return None
-        return (self.loop_kind, self.needs_momentum, self.learning_rate, self.momentum, self.wd,
-                self.rescale_grad, self.clip_gradient)
+        return tuple(self.loop_kind if name == "kind" else getattr(self, name) for name in LOOP_PARAMS_FIELDS)
 
 
 @dataclass(frozen=True)

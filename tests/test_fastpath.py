@@ -357,25 +357,6 @@ def test_a_staged_link_delivers_every_frame_however_the_bytes_are_cut(pieces):
         a.close()
 
 
-def test_read_slots_of_takes_only_a_class_with_every_attribute_the_loops_use_as_a_writable_slot():
-    """The loops read ChunkState's slots in place (protocol/server.py registers it); a class
-    that is not one like it is refused, and the registration stands."""
-    class Partial:
-        __slots__ = ("rounds", "arrived")
-
-    names = ("rounds", "arrived", "mask", "slots", "acc", "chunk", "mom", "weight", "weight_view", "result_view")
-    Plain = type("Plain", (), dict.fromkeys(names))  # every attribute, but none of them a slot
-
-    with pytest.raises(TypeError, match="takes a class"):
-        fastpath.read_slots_of(Plain())
-    with pytest.raises(AttributeError, match="mask"):
-        fastpath.read_slots_of(Partial)
-    with pytest.raises(ValueError, match="Plain.rounds is not a writable __slots__ attribute"):
-        fastpath.read_slots_of(Plain)
-    from phub.aggregation import ChunkState
-    fastpath.read_slots_of(ChunkState)  # what protocol/server.py does: accepted
-
-
 WIDE_JOB = """
 import sys, threading
 import numpy as np

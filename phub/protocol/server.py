@@ -33,17 +33,18 @@ from ..aggregation import ChunkState, JobState, ReadyLane, Result
 from ..config import ServerConfig, check_peer
 from ..datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
+from ..fastpath_contract import fastpath
 from ..hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
                          SimulatedRacksJobState)
 from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
-try:
-    from .._fastpath import drain_pushes, drain_rack_frames, rack_rounds_done, read_slots_of
-except ImportError:  # not built: every frame takes the Python path
-    drain_pushes = None
-else:
-    read_slots_of(ChunkState)  # the C loops read a chunk's round state where its slots keep it
+# The C loops, their round contract registered (phub/fastpath_contract.py); None when not built:
+# every frame takes the Python path.
+drain_pushes = drain_rack_frames = rack_rounds_done = None
+if fastpath is not None:
+    drain_pushes, drain_rack_frames, rack_rounds_done = (fastpath.drain_pushes, fastpath.drain_rack_frames,
+                                                         fastpath.rack_rounds_done)
 
 _PUSH = wire.Kind.PUSH
 _SERVER = wire.SERVER_SENDER

@@ -29,16 +29,31 @@ class ServerReportedError(JobFailed):
     """A server core sent ERROR: it gave up on the job (the text is its message)."""
 
 
-# An `expect` entry is (destination bytes, awaited), and `awaited` is [iteration, handle], shared
-# by the entries of one operation: a tuple and a list rather than objects with names, because the
-# C loops of phub/_fastpath.c read them by position, per result. Python reads them by these names.
-DESTINATION, AWAITED = 0, 1
-ITERATION, HANDLE = 0, 1
+# An `expect` entry is a tuple of EXPECT_ENTRY_FIELDS (destination bytes, awaited), and `awaited`
+# a list of AWAITED_FIELDS ([iteration, handle]), shared by the entries of one operation: a tuple
+# and a list rather than objects with names, because the C loops of phub/_fastpath.c read them per
+# result, at the positions these layouts give (phub/fastpath_contract.py registers them). Python
+# reads them by the names below, and builds them with `expect_entry` and `awaited_by`.
+EXPECT_ENTRY_FIELDS = ("destination", "awaited")
+AWAITED_FIELDS = ("iteration", "handle")
+DESTINATION, AWAITED = (EXPECT_ENTRY_FIELDS.index(name) for name in ("destination", "awaited"))
+ITERATION, HANDLE = (AWAITED_FIELDS.index(name) for name in ("iteration", "handle"))
+# WorkerProtocol.chunk_table's columns, by chunk id: the chunk's lane and payload bytes.
+CHUNK_TABLE_COLUMNS = ("lane", "nbytes")
 
 
 def awaited_by(iteration: int, handle) -> list:
     """What the `expect` entries of one operation share (see AWAITED)."""
-    return [iteration, handle]
+    awaited = [None] * len(AWAITED_FIELDS)
+    awaited[ITERATION], awaited[HANDLE] = iteration, handle
+    return awaited
+
+
+def expect_entry(destination, awaited: list) -> tuple:
+    """An `expect` entry: a result lands in `destination` for the operation `awaited`."""
+    entry = [None] * len(EXPECT_ENTRY_FIELDS)
+    entry[DESTINATION], entry[AWAITED] = destination, awaited
+    return tuple(entry)
 
 
 def entry_handle(entry: tuple):
@@ -60,7 +75,7 @@ class KeyResults:
         out_bytes = memoryview(out.reshape(-1)).cast("B")
         self.out = out  # the array the entries' destinations are views of (kept alive by them)
         self.awaited = awaited_by(0, None)
-        self.entries = [(cid, (out_bytes[start:end], self.awaited)) for cid, start, end in spans]
+        self.entries = [(cid, expect_entry(out_bytes[start:end], self.awaited)) for cid, start, end in spans]
 
 
 class WorkerProtocol:
@@ -80,7 +95,7 @@ class WorkerProtocol:
         self.lock = threading.Lock()  # `shared` and `share_waiters` are also read by the caller's thread
         self.chunk_nbytes: List[int] = []
         self.chunk_lanes: List[int] = []
-        self.chunk_table = np.zeros((0, 2), dtype=np.int32)  # [lane, payload bytes] by chunk id, for drain_results
+        self.chunk_table = np.zeros((0, len(CHUNK_TABLE_COLUMNS)), dtype=np.int32)  # by chunk id, for drain_results
 
     # -- handshake ---------------------------------------------------------------------------
     def hello(self, lane: int, **fields) -> bytes:
@@ -103,7 +118,8 @@ class WorkerProtocol:
         """The plan's chunks after an `init` (every table is replaced whole: the I/O thread reads them)."""
         self.chunk_nbytes = plan.chunk_nbytes()
         self.chunk_lanes = [c.lane for c in plan.chunks]
-        self.chunk_table = np.array([(c.lane, c.nbytes) for c in plan.chunks], dtype=np.int32).reshape(-1, 2)
+        rows = [[getattr(c, column) for column in CHUNK_TABLE_COLUMNS] for c in plan.chunks]  # Chunk.lane, .nbytes
+        self.chunk_table = np.array(rows, dtype=np.int32).reshape(-1, len(CHUNK_TABLE_COLUMNS))
 
     def expect_key(self, key, out: np.ndarray, spans, iteration: int, handle) -> None:
         """Await a pushpull's results of `key` into `out` (`spans`: the key's (chunk id, first
@@ -112,8 +128,8 @@ class WorkerProtocol:
         results = self._key_results.get(key)
         if results is None or results.out is not out:
             results = self._key_results[key] = KeyResults(out, spans)
-        results.awaited[0] = iteration
-        results.awaited[1] = handle
+        results.awaited[ITERATION] = iteration
+        results.awaited[HANDLE] = handle
         self.expect.update(results.entries)
 
     # -- frames ------------------------------------------------------------------------------
