@@ -164,7 +164,7 @@ def test_the_section_shows_errors_per_regime_costs_and_predictions_beside_the_pa
     assert "| emulated | phub | 2 | 18% | 30% | missed |" in text
     assert "| software_cost | pslite-shard | 1 | 5% | 5% | met |" in text
     assert "| phub | server | 0.300 | 4.0 | 6 | chunk32k, chunk4k | 1% / 2% |" in text
-    assert "| speedup over stock MXNet | alexnet | cloud10g | PHub | 3.30 | 2.90 | 2.50–3.10 | 8.23 |" in text
+    assert "| speedup over stock MXNet | alexnet | cloud10g | PHub | 3.30 | 2.90 | 2.50 to 3.10 | 8.23 |" in text
     assert "ratios 0.5,1,2" in text
     empty = render({}, pd.DataFrame(), points, summary, pd.DataFrame())
     assert "No software-cost rows" in empty and "The paper's setup" not in empty
@@ -237,3 +237,75 @@ def test_phub_sends_a_groups_chunks_back_in_finer_units_so_only_the_last_one_tra
     machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=math.inf)
     chunk = 32768 + PHUB_HEADER_BYTES
     assert simulate(job, machine) == pytest.approx(0.03 + 5 * chunk / RATE, rel=1e-12)
+
+
+def test_the_rack_simulation_adds_its_trips_on_the_server_before_the_answer():
+    # One worker, one chunk, one shared core, only the server costs: its receive, R trips of a
+    # send and a receive each, its answer.
+    job = _job(elements=(256,), forward=0.0, backward=0.0, workers=1, chunk_bytes=1024, groups=1,
+               simulated_racks=3)
+    costs = RoleCosts(server=Costs(per_message=1e-3))
+    machine = Machine(link_bytes_per_s=None, shared_cores=1)
+    assert simulate(job, machine, costs) == pytest.approx((2 + 2 * 3) * 1e-3)
+
+
+@pytest.mark.parametrize("on_link, hops", [(False, 4), (True, 4 + 2 * 2)])
+def test_the_rack_simulations_trips_cross_the_pbox_link_only_where_the_machine_says(on_link, hops):
+    # Up the worker's link, down the PBox's; two trips out and back on the PBox's link where they
+    # cross it; the answer up the PBox's link and down the worker's: one piece per hop, in series.
+    job = _job(workers=1, simulated_racks=2)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=RATE, trips_on_link=on_link)
+    wire = 4000 + PHUB_HEADER_BYTES
+    assert simulate(job, machine) == pytest.approx(0.03 + hops * wire / RATE, rel=1e-12)
+
+
+def test_only_phub_simulates_racks():
+    with pytest.raises(ValueError, match="simulated_racks"):
+        _job(system="pshard", workers=2, simulated_racks=2)
+    with pytest.raises(ValueError, match="simulated_racks"):
+        _job(workers=1, simulated_racks=0)
+
+
+def test_a_measurement_several_experiments_share_is_one_validation_point():
+    from analysis.model.scenarios import median_points
+
+    base = {"system": "phub", "model": "alexnet", "variant": "full", "network": "emulated", "racks": 1,
+            "workers": 8, "interfaces": 8, "cores": 1, "chunk_bytes": 480, "link_gbps": 0.05,
+            "link_gbps_measured": 0.048, "s_m": 373.3, "s_t": 3.0, "compute": "replay", "setting": "ib56g",
+            "bound": "other", "seconds_per_iteration": 0.18, "measurement": "abc"}
+    runs = pd.DataFrame([dict(base, experiment="pbox", point="ib56g-alexnet-phub"),
+                         dict(base, experiment="cross_rack", point="sim-alexnet-r1", simulated_racks=1),
+                         dict(base, experiment="cross_rack", point="sim-alexnet-r2", simulated_racks=2,
+                              measurement="def", seconds_per_iteration=0.24)])
+    points = median_points(runs)
+    assert sorted(points["point"]) == ["ib56g-alexnet-phub", "sim-alexnet-r2"]
+    assert points.set_index("point").loc["sim-alexnet-r2", "simulated_racks"] == 2
+
+
+def _phub_softcost():
+    rows = []
+    for setting, messages in (("chunk32k", 100.0), ("chunk4k", 800.0)):
+        for role, (per_byte, per_message) in {"server": (4e-10, 1e-6), "worker_io": (3e-10, 1e-6),
+                                              "worker_framework": (0.0, 1e-7)}.items():
+            nbytes = 3.2e6
+            rows.append({"experiment": "software_cost", "system": "phub", "model": "alexnet", "workers": 2,
+                         "message_setting": setting, "role": role, "repeat": 0, "seconds_per_iteration": 0.01,
+                         "cpu_seconds_per_exchange": per_byte * nbytes + per_message * messages,
+                         "bytes_per_exchange": nbytes, "messages_per_exchange": messages})
+    return pd.DataFrame(rows)
+
+
+def test_the_rack_rows_get_the_models_derived_overhead_beside_the_paper():
+    from analysis.claims.rack import derived_overheads
+    from analysis.model.validate import RACKS_QUANTITY, rack_simulation_predictions
+
+    overheads = pd.DataFrame([{"model": "resnet50", "racks": 2, "overhead_pct": 0.4}])
+    fitted = fitting.fit(_phub_softcost())
+    rows = rack_simulation_predictions(fitted, overheads, ratios=(1.0,))
+    row = rows.iloc[0]
+    assert (row["quantity"], row["racks"], row["paper"]) == (RACKS_QUANTITY, 2, 0.4)
+    assert 0 < row["worker_io_seconds"] and 0 < row["one_rack_seconds"]
+    assert math.isfinite(row["predicted"]) and row["low"] <= row["predicted"] <= row["high"]
+    words = derived_overheads(overheads, _phub_softcost())
+    assert words[("resnet50", 2)].startswith("Derived, not measured: the calibrated model puts this at")
+    assert derived_overheads(overheads, pd.DataFrame()) == {}

@@ -33,6 +33,6 @@ def all_claims(runs: pd.DataFrame, ref: Dict[str, Table],
     software-cost experiment's rows (results.Results.software_cost), some of the causes."""
     rows = Runs(runs)
     return (speedup_claims(rows, ref) + cost_claims(rows, ref) + capacity_claims(rows, ref)
-            + multitenant_claims(rows, ref) + scaling_claims(rows, ref) + cross_rack_claims(rows, ref)
+            + multitenant_claims(rows, ref) + scaling_claims(rows, ref) + cross_rack_claims(rows, ref, software_cost)
             + oversubscription_claims(rows, ref) + chunk_claims(rows, ref) + breakdown_claims(rows, ref, software_cost)
             + bandwidth_claims(ref, compute_seconds) + context_claims(ref))

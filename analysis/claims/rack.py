@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
+import pandas as pd
+
 from .. import derive
 from ..racks import simulation_ceiling
 from ..reference import OURS_TO_PAPER, PAPER_TO_OURS, Table
@@ -94,7 +96,8 @@ def first_swap(paper_order: List[str], ours_order: List[str]) -> Optional[tuple]
     return None
 
 
-def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
+def cross_rack_claims(runs: Runs, ref: Dict[str, Table], software_cost: Optional[pd.DataFrame] = None
+                      ) -> List[Claim]:
     """The overhead of R racks over one, per model of the paper's chart, measured as the paper
     measured it: one PBox standing in for R racks (`--simulate-racks`), its time over the plain
     PBox's. The racks on the wire are our extension, judged in their own section against the
@@ -103,7 +106,8 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
     The simulation adds work inside the PBox only: its chunks go back to it through its own
     loopback. So the overhead cannot pass that work's CPU seconds over the one-rack time, as if
     none of it overlapped anything (racks.simulation_ceiling): the row's ceiling, while the
-    measured overhead stays under it."""
+    measured overhead stays under it. With `software_cost` rows, each row's note gives the
+    calibrated model's derived overhead on the paper's hardware (`derived_overheads`)."""
     ours = derive.cross_rack(runs.rows)
     ours = ours[ours["series"] == derive.SIMULATED]
     rows = derive.rack_series(runs.kept("cross_rack", system="phub"))
@@ -112,6 +116,7 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
            "aggregating it again R times; the paper's went through its NICs and PCIe, ours through the PBox's "
            "loopback. " + setup(rows))
     out = []
+    derived = derived_overheads(ref["cross_rack_overhead"].data, software_cost) if len(rows) else {}
     for r in ref["cross_rack_overhead"].data.itertuples():
         measured = ours[ours["model"] == r.model]
         here = measured["racks"] == r.racks
@@ -136,17 +141,33 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
             most = simulation_ceiling(at_r, one)
             if not math.isnan(most) and not value > most:
                 ceiling = Ceiling(most, "max", f"the simulation's extra work cost the PBox {most:.1f}% of the "
-                                  "one-rack iteration in CPU here, the most it could add had none of it overlapped; the "
-                                  "paper's went through NICs and PCIe at 56 Gbps, a cost the scaled emulation shrinks "
-                                  "with every software cost (the calibrated model's section)")
+                                  "one-rack iteration in CPU here, the most it could add had none of it overlapped; "
+                                  "the paper's went through NICs and PCIe at 56 Gbps, a cost the scaled emulation "
+                                  "shrinks with every software cost (the calibrated model's section)")
         simulated = [int(k) for k in sorted(set(mine["simulated_racks"].dropna()))] if "simulated_racks" in mine else []
         out.append(Claim(RACKS, f"Overhead of {r.racks} racks vs one, {r.model}", float(r.overhead_pct),
-                         value, "percent", unit="%", why=reason,
+                         value, "percent", unit="%", why=reason, note=derived.get((r.model, int(r.racks)), ""),
                          cause=_overhead_words(ratio_causes(ratio, 1 + float(r.overhead_pct) / 100))
                          if here.any() else CAUSE_UNKNOWN, ceiling=ceiling,
                          evidence=runs.evidence("cross_rack", system="phub", model=r.model,
                                                 simulated_racks=[1, r.racks]) if simulated else Evidence()))
     return out
+
+
+def derived_overheads(overheads: pd.DataFrame, software_cost: Optional[pd.DataFrame]) -> Dict[tuple, str]:
+    """(model, racks) -> the words of the calibrated model's derived overhead on the paper's
+    hardware (analysis.model: costs fitted from `software_cost`, 56 Gbps, 8 workers, the paper's
+    PBox); empty without software-cost rows. A few seconds: two replays per (model, racks, CPU
+    speed ratio)."""
+    if software_cost is None or software_cost.empty:
+        return {}
+    from ..model import fit  # the model needs SimPy and the harness; only here
+    from ..model.validate import rack_simulation_predictions
+
+    predicted = rack_simulation_predictions(fit(software_cost), overheads)
+    return {(p.model, p.racks): f"Derived, not measured: the calibrated model puts this at {p.predicted:+.1f}% on the "
+            f"paper's hardware ({p.low:+.1f} to {p.high:+.1f}% over CPU speed ratios {p.ratios}; its section says "
+            "what bounds it)." for p in predicted.itertuples()}
 
 
 def _overhead_words(cause: str) -> str:

@@ -25,6 +25,12 @@ What is modelled, and the one term each part stands for:
   of at least the big-array bound split evenly over the servers, the others whole to server
   key * 9973 mod S), gloo-ring (after backward, a ring allreduce of the whole gradient, then NAG on
   every worker).
+* **The rack simulation** (`Job.simulated_racks` R > 1, phub only, as `phub server
+  --simulate-racks` and the paper's chart ran it): once a unit's copies are all in, its server
+  sends the aggregate to itself and adds it again, R trips one after the other, before answering;
+  each trip is a send and a receive of the unit on the server's threads, and crosses the PBox's
+  link out and back where the machine says its trips do (`Machine.trips_on_link`: the paper's
+  went through its NICs; the emulated PBox's through its own loopback, CPU only).
 
 To keep events few, consecutive layers are released together in at most `groups` groups (by
 bytes and by backward time), and one group's messages to one server travel as one unit that
@@ -92,6 +98,8 @@ class Machine:
     # holds every wait for a core (the job's own threads' and the machine's other work's).
     # Empty: the cores are simulated (shared_cores or each node's own).
     stretch: Tuple[Tuple[str, float], ...] = ()
+    # Whether a PBox's rack-simulation trips to itself cross its link (its NICs) or not (loopback).
+    trips_on_link: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,12 +118,15 @@ class Job:
     bigarray_bound: int = 1000 * 1000
     groups: int = DEFAULT_GROUPS
     piece_seconds: float = 1e-3
+    simulated_racks: int = 1  # phub standing in for this many racks (1: a plain PBox)
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
             raise ValueError(f"system {self.system!r}: the model knows {', '.join(SYSTEMS)}")
         if self.workers < 1 or not self.layers:
             raise ValueError(f"a job needs at least one worker and one layer (workers={self.workers})")
+        if self.simulated_racks < 1 or (self.simulated_racks > 1 and self.system != "phub"):
+            raise ValueError(f"simulated_racks={self.simulated_racks}: at least 1, and above 1 only for phub")
 
 
 class Link:
@@ -236,16 +247,20 @@ class Iteration:
 
     def send(self, src: Node, dst: Node, nbytes: float) -> simpy.Event:
         """An event that fires once `nbytes` have crossed src's uplink and dst's downlink."""
+        path = [] if src is dst else [link for link in (src.up, dst.down) if link is not None]
+        return self.transfer(path, (src.name, dst.name), nbytes)
+
+    def transfer(self, path, flow, nbytes: float) -> simpy.Event:
+        """An event that fires once `nbytes` of `flow` have crossed every link of `path`, in
+        pieces that pipeline over the hops (none: at once)."""
         env = self.env
         done = env.event()
-        path = [] if src is dst else [link for link in (src.up, dst.down) if link is not None]
         if not path:
             done.succeed()
             return done
         piece = max(1.0, min(link.rate for link in path) * self.job.piece_seconds)
         count = min(MAX_PIECES, max(1, math.ceil(nbytes / piece)))
         remaining = [count]
-        flow = (src.name, dst.name)
 
         def hop(size, index):
             path[index].enqueue(flow, size).callbacks.append(lambda _: arrived(size, index))
@@ -317,6 +332,8 @@ class Iteration:
         yield self.send(worker, server, b + m * header)
         yield from self.cpu(threads, server, c.server.seconds(m, b))
         yield self._arrival(iteration, unit)  # every worker's copy in: aggregated and updated
+        if self.job.simulated_racks > 1:
+            yield self._trips(iteration, unit)
         if pslite:  # the acknowledgement, then the pull request behind this worker's later pushes
             yield self.send(server, worker, m * header)
             yield from self.cpu(io, worker, c.worker_io.seconds(2 * m, 0))
@@ -340,6 +357,24 @@ class Iteration:
         if counts[key] == self.job.workers:
             events[key].succeed()
         return events[key]
+
+    def _trips(self, iteration: int, unit: Unit) -> simpy.Event:
+        """The rack simulation's trips of one unit's aggregate, started by the first worker whose
+        copy found the unit complete; every worker's answer waits for the last trip."""
+        key = (iteration, unit.group, unit.server, unit.part)
+        trips = self.__dict__.setdefault("_trip_runs", {})
+        if key not in trips:
+            trips[key] = self.env.process(self._run_trips(unit))
+        return trips[key]
+
+    def _run_trips(self, unit: Unit):
+        server, threads = self.servers[unit.server], self.server_threads[unit.server]
+        seconds = self.costs.server.seconds(unit.messages, unit.nbytes)
+        path = [link for link in (server.up, server.down) if link is not None] if self.machine.trips_on_link else []
+        for _ in range(self.job.simulated_racks):
+            yield from self.cpu(threads, server, seconds)  # the aggregate sent to itself
+            yield self.transfer(path, (server.name, "itself"), unit.nbytes + unit.messages * PHUB_HEADER_BYTES)
+            yield from self.cpu(threads, server, seconds)  # received and added again
 
     def _allreduce(self, iteration: int, w: int):
         """gloo's ring: N-1 reduce-scatter and N-1 allgather steps of 1/N of the gradient each,

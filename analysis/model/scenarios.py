@@ -56,7 +56,8 @@ def job_from_row(row, groups: int = DEFAULT_GROUPS) -> Job:
                workers=int(row["workers"]), interfaces=int(_number(row, "interfaces", 1)),
                server_cores=int(_number(row, "cores", 1)),
                chunk_bytes=int(_number(row, "chunk_bytes", 32768)),
-               bigarray_bound=int(_number(row, "bigarray_bound", MXNET_BIGARRAY_BOUND)), groups=groups)
+               bigarray_bound=int(_number(row, "bigarray_bound", MXNET_BIGARRAY_BOUND)), groups=groups,
+               simulated_racks=int(_number(row, "simulated_racks", 1)))
 
 
 def machine_from_row(row) -> Machine:
@@ -102,33 +103,36 @@ def loopback_machine(cores: float = THIS_MACHINE_CORES, machine_cores: int = THI
     return Machine(link_bytes_per_s=None, shared_cores=whole)
 
 
-def paper_job(system: str, model: str, groups: int = DEFAULT_GROUPS) -> Job:
+def paper_job(system: str, model: str, groups: int = DEFAULT_GROUPS, simulated_racks: int = 1) -> Job:
     """The paper's job: 8 workers, full-size model, its compute; phub on the PBox, pshard on the
-    workers, stock MXNet = pslite-shard (its servers on the workers, MXNet's default bound)."""
+    workers, stock MXNet = pslite-shard (its servers on the workers, MXNet's default bound);
+    `simulated_racks`: phub's PBox standing in for that many racks, as the paper's chart ran it."""
     cores = {"phub": PAPER["pbox_cores"], "pshard": PAPER["shard_cores"]}.get(system, 1)
     return Job(system=system, layers=_layers(model, 1.0, 1.0, "replay"), workers=PAPER["workers"],
                interfaces=PAPER["pbox_interfaces"] if system == "phub" else 1, server_cores=cores,
-               chunk_bytes=PAPER["chunk_bytes"], bigarray_bound=MXNET_BIGARRAY_BOUND, groups=groups)
+               chunk_bytes=PAPER["chunk_bytes"], bigarray_bound=MXNET_BIGARRAY_BOUND, groups=groups,
+               simulated_racks=simulated_racks)
 
 
 def paper_machine(network: str, cpu_speed: float) -> Machine:
     """The paper's nodes: links at 10 or 56 Gbps, every node its own cores, CPUs `cpu_speed`
-    times this machine's."""
+    times this machine's; a PBox's rack-simulation trips to itself cross its NICs."""
     rate = PAPER["gbps"][network] * 1e9 / 8 * PAPER["link_efficiency"]
     return Machine(link_bytes_per_s=rate, shared_cores=None, worker_node_cores=PAPER["worker_node_cores"],
-                   server_node_cores=PAPER["pbox_cores"], cpu_speed=cpu_speed)
+                   server_node_cores=PAPER["pbox_cores"], cpu_speed=cpu_speed, trips_on_link=True)
 
 
-def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown", "chunk_sweep", "capacity")
-                  ) -> pd.DataFrame:
+def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown", "chunk_sweep", "capacity",
+                                                   "cross_rack")) -> pd.DataFrame:
     """One row per measured point of the single-rack experiments: the median seconds of its
-    repeats, with the columns the model needs. Multi-rack points (cross_rack, oversubscription)
-    and multi-tenant ones are left out: the model has one rack and one job."""
+    repeats, with the columns the model needs. Multi-rack points (cross_rack's racks on the wire,
+    oversubscription) and multi-tenant ones are left out: the model has one rack and one job;
+    cross_rack's one-PBox rack simulation is in (`simulated_racks`)."""
     rows = runs[runs["experiment"].isin(experiments) & (runs["network"] == "emulated")].copy()
     if "racks" in rows:
         rows = rows[rows["racks"].fillna(1).astype(int) == 1]
     keys = ["experiment", "point", "system", "model", "variant"]
-    for column in ("bigarray_bound", "cpu_busy", "wire_floor_seconds"):
+    for column in ("bigarray_bound", "cpu_busy", "wire_floor_seconds", "simulated_racks", "measurement"):
         if column not in rows:
             rows[column] = float("nan")
     agg = rows.groupby(keys, dropna=False).agg(
@@ -137,5 +141,12 @@ def median_points(runs: pd.DataFrame, experiments=("pbox", "scaling", "breakdown
         link_gbps=("link_gbps", "first"), link_gbps_measured=("link_gbps_measured", "first"),
         s_m=("s_m", "first"), s_t=("s_t", "first"), compute=("compute", "first"),
         setting=("setting", "first"), bound=("bound", "first"), bigarray_bound=("bigarray_bound", "first"),
-        cpu_busy=("cpu_busy", "median"), wire_floor=("wire_floor_seconds", "median"))
-    return agg.reset_index()
+        cpu_busy=("cpu_busy", "median"), wire_floor=("wire_floor_seconds", "median"),
+        simulated_racks=("simulated_racks", "first"), measurement=("measurement", "first"))
+    # A measurement several experiments share (a pbox point is also breakdown's and the rack
+    # simulation's one rack) is one point of the validation, not several.
+    # The one kept is filed under the first of `experiments` that has it.
+    rank = {name: i for i, name in enumerate(experiments)}
+    agg = agg.reset_index().sort_values("experiment", key=lambda e: e.map(rank), kind="stable")
+    shared = agg["measurement"].notna() & agg.duplicated("measurement")
+    return agg[~shared].reset_index(drop=True)

@@ -5,8 +5,8 @@
 * `predict_softcost`: every software-cost point (loopback, compute removed, full size), the
   same machine with no link limit.
 * `paper_predictions`: the paper's 18 end-to-end speedups (PHub and PShard over stock MXNet at
-  10 and 56 Gbps) and its 4 breakdown models, derived with the paper's hardware at a range of
-  CPU speed ratios; never measured.
+  10 and 56 Gbps), its 4 breakdown models and its rack simulation's overheads (2..8 racks),
+  derived with the paper's hardware at a range of CPU speed ratios; never measured.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from .scenarios import (PAPER, THIS_MACHINE_CORES, job_from_row, job_from_softco
 
 CPU_SPEED_RATIOS = (0.5, 1.0, 2.0)  # the paper's CPU over this machine's: assumed 1, spread 0.5x-2x
 BREAKDOWN_NETWORK = "ib56g"  # the breakdown chart is "given enough bandwidth": the 56 Gbps setting
+RACKS_NETWORK = "ib56g"  # the paper's rack simulation ran on its InfiniBand PBox
+RACKS_QUANTITY = "rack-simulation overhead (%)"
 PAPER_SYSTEMS = {"PHub": "phub", "PShard": "pshard"}
 STOCK = "pslite-shard"  # the paper's stock MXNet (ps-lite over ZeroMQ, one server per worker)
 
@@ -209,7 +211,51 @@ def paper_predictions(fitted: Dict[str, RoleCosts], reference: Dict[str, pd.Data
         rows.append({"quantity": "PHub time / stock time", "model": model, "network": BREAKDOWN_NETWORK,
                      "system": "PHub", "paper": phub_total / stock_total,
                      **_spread({r: phub[r] / stock[r] for r in ratios})})
+    racks = rack_simulation_predictions(fitted, reference.get("cross_rack_overhead"), runs, ratios)
+    return pd.concat([pd.DataFrame(rows), racks], ignore_index=True)
+
+
+def rack_simulation_predictions(fitted: Dict[str, RoleCosts], overheads: pd.DataFrame, runs: pd.DataFrame = None,
+                                ratios: Sequence[float] = CPU_SPEED_RATIOS) -> pd.DataFrame:
+    """The paper's rack-simulation chart beside the model's: per row of `overheads` (model, racks,
+    overhead_pct: the reference table), phub's predicted overhead (%) of one PBox simulating that
+    many racks over the plain PBox, 8 workers at 56 Gbps, each CPU speed ratio; beside this run's
+    measured emulated overhead where it has one."""
+    if overheads is None or overheads.empty or "phub" not in fitted:
+        return pd.DataFrame()
+    racks = sorted({int(r) for r in overheads["racks"]} | {1})
+    keys = [(model, r, ratio) for model in sorted(overheads["model"].unique()) for r in racks for ratio in ratios]
+    tasks = [(paper_job("phub", model, simulated_racks=r), paper_machine(RACKS_NETWORK, ratio), fitted["phub"])
+             for model, r, ratio in keys]
+    seconds = dict(zip(keys, simulate_many(tasks)))
+    measured = _measured_rack_overheads(runs) if runs is not None and not runs.empty else {}
+    rows = []
+    middle = _spread({q: q for q in ratios})["predicted"]
+    for row in overheads.itertuples():
+        values = {q: 100 * (seconds[(row.model, int(row.racks), q)] / seconds[(row.model, 1, q)] - 1) for q in ratios}
+        job = paper_job("phub", row.model)
+        nbytes, messages = exchange_counts(job)["worker_io"]
+        rows.append({"quantity": RACKS_QUANTITY, "model": row.model, "network": RACKS_NETWORK,
+                     "system": f"PHub, {int(row.racks)} racks", "racks": int(row.racks),
+                     "paper": float(row.overhead_pct), **_spread(values),
+                     "measured_emulated": measured.get((row.model, int(row.racks))),
+                     # what holds the one-rack iteration: each worker's one I/O thread's CPU, every
+                     # byte and message it sends and receives (at the middle ratio), beside its time
+                     "one_rack_seconds": seconds[(row.model, 1, middle)],
+                     "worker_io_seconds": fitted["phub"].worker_io.seconds(messages / job.workers,
+                                                                          nbytes / job.workers) / middle})
     return pd.DataFrame(rows)
+
+
+def _measured_rack_overheads(runs: pd.DataFrame) -> Dict[tuple, float]:
+    """(model, racks) -> this run's median overhead (%) of the one-PBox rack simulation."""
+    from .. import derive  # the report's own derivation, so that both say the same number
+
+    if "experiment" not in runs or not (runs["experiment"] == "cross_rack").any():
+        return {}
+    ours = derive.cross_rack(runs)
+    ours = ours[ours["series"] == derive.SIMULATED]
+    return ours.groupby(["model", "racks"])["overhead_pct"].median().to_dict() if not ours.empty else {}
 
 
 def _spread(values: Dict[float, float]) -> dict:
@@ -238,4 +284,5 @@ def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["predict_emulated", "predict_softcost", "measured_stretch", "loopback_terms", "charged_cpu",
-           "simulate_many", "error_summary", "paper_predictions", "counts_check", "CPU_SPEED_RATIOS", "PAPER"]
+           "simulate_many", "error_summary", "paper_predictions", "rack_simulation_predictions", "counts_check",
+           "CPU_SPEED_RATIOS", "PAPER"]
