@@ -1,16 +1,16 @@
 /*
- * phub._fastpath: the server's per-chunk receive loop for pushes, in C.
+ * phub._fastpath: the per-chunk loops of a server core and of a worker, in C.
  *
  * A server core reads a worker's connection in large reads into a staging buffer (see
  * StagedLink in phub/transport.py). `drain_pushes` walks the frames in it and, for every
  * well-formed PUSH that belongs on this connection now, does what JobState.push_target and
- * JobState.on_push do in Python: copy the payload into the worker's slot, fold it into the chunk's merge buffer, and
- * when the round is complete hand (state, acc, last) back for the optimizer and the results (the
- * round's last copy is not copied at all: `last` is a view of it in the staging buffer). It
- * stops at the first frame it does not handle in full (any other kind, a wrong field, a push
- * out of turn, or bytes still missing) and leaves that frame to the Python path, which raises
- * the same errors as always. So this file holds no protocol rule that Python does not also
- * check; it only takes the common case off the interpreter.
+ * JobState.on_push do in Python: copy the payload into the worker's slot, fold it into the
+ * chunk's merge buffer, and when the round is complete hand (state, acc, last) back for the
+ * optimizer and the results (the round's last copy is not copied at all: `last` is a view of it
+ * in the staging buffer). It stops at the first frame it does not handle in full (any other
+ * kind, a wrong field, a push out of turn, or bytes still missing) and leaves that frame to the
+ * Python path, which raises the same errors as always. So this file holds no protocol rule that
+ * Python does not also check; it only takes the common case off the interpreter.
  *
  * The round state stays in the Python ChunkState objects (rounds, arrived, mask), so the rest of
  * the server (stall checks, failures, the pure-Python path) sees one truth. Every Python field the
