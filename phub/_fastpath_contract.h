@@ -180,7 +180,8 @@ register_named_field(round_contract *c, const contract_field *f, PyObject *name,
     }
     Py_ssize_t index = -1, width = PyTuple_GET_SIZE(names);
     for (Py_ssize_t i = 0; i < width && index < 0; i++) {
-        int same = PyUnicode_Check(PyTuple_GET_ITEM(names, i)) ? PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name) : 1;
+        PyObject *given = PyTuple_GET_ITEM(names, i);
+        int same = PyUnicode_Check(given) ? PyUnicode_Compare(given, name) : 1;
         if (same == -1 && PyErr_Occurred()) {
             return -1;
         }
@@ -330,14 +331,15 @@ static int
 contract_init(PyObject *module)
 {
     for (int st = 0; st < STATE_FIELDS; st++) {
-        if (contract_fields[st].at != (Py_ssize_t)offsetof(round_contract, state) + st * (Py_ssize_t)sizeof(Py_ssize_t)) {
+        const Py_ssize_t slot_at = (Py_ssize_t)offsetof(round_contract, state) + st * (Py_ssize_t)sizeof(Py_ssize_t);
+        if (contract_fields[st].at != slot_at) {
             PyErr_SetString(PyExc_SystemError, "phub._fastpath: contract_fields lists the slots out of order");
             return -1;
         }
     }
     if (strcmp(contract_fields[FIELD_CHUNK_ID].field, "id") != 0 ||
         strcmp(contract_fields[FIELD_HANDLE_ARRIVED].field, "_arrived") != 0) {
-        PyErr_SetString(PyExc_SystemError, "phub._fastpath: contract_fields lists Chunk.id or Handle._arrived elsewhere");
+        PyErr_SetString(PyExc_SystemError, "phub._fastpath: contract_fields has Chunk.id or Handle._arrived elsewhere");
         return -1;
     }
     for (Py_ssize_t i = 0; i < CONTRACT_FIELDS; i++) {

@@ -155,7 +155,8 @@ finish_round_of(PyObject *state, PyObject *lane, long long cid, long long rounds
     } else {
         sgd_pass((float *)w.buf, mom, acc, last, n, opt.lr, opt.mu, opt.wd, opt.rescale, opt.clip);
     }
-    if (set_int(state, ST_ROUNDS, rounds + 1) < 0 || set_int(state, ST_ARRIVED, 0) < 0 || set_int(state, ST_MASK, 0) < 0 ||
+    if (set_int(state, ST_ROUNDS, rounds + 1) < 0 || set_int(state, ST_ARRIVED, 0) < 0 ||
+        set_int(state, ST_MASK, 0) < 0 ||
         queue_result(parts, lane, job, (uint32_t)cid, (uint32_t)(rounds + 1), &w, view) < 0) {
         goto out;
     }
