@@ -309,3 +309,24 @@ def test_the_rack_rows_get_the_models_derived_overhead_beside_the_paper():
     words = derived_overheads(overheads, _phub_softcost())
     assert words[("resnet50", 2)].startswith("Derived, not measured: the calibrated model puts this at")
     assert derived_overheads(overheads, pd.DataFrame()) == {}
+
+
+def test_two_racks_add_a_share_out_to_its_owner_and_its_total_back_between_push_and_answer():
+    # One worker per rack, one chunk: push (2 hops), half the unit to its owner and the other
+    # half's total back (PBox up, uplink up, the other uplink down, PBox down: 4 hops each at half
+    # size), the answer (2 hops): 8 full hops in series, the racks' frames on disjoint links.
+    job = _job(workers=2, racks=2)
+    machine = Machine(link_bytes_per_s=RATE, server_link_bytes_per_s=RATE, uplink_bytes_per_s=RATE)
+    wire = 4000 + PHUB_HEADER_BYTES
+    assert simulate(job, machine) == pytest.approx(0.03 + 8 * wire / RATE, rel=1e-12)
+    # The server's cost of each share, sent and received, twice (partial and total), on the path.
+    costs = RoleCosts(server=Costs(per_message=1e-3))
+    unlimited = Machine(link_bytes_per_s=None)
+    assert simulate(job, unlimited, costs) == pytest.approx(0.03 + 2e-3 + 4 * 0.5e-3, rel=1e-12)
+
+
+def test_racks_need_phub_and_the_same_workers_in_every_rack():
+    with pytest.raises(ValueError, match="racks"):
+        _job(workers=3, racks=2)
+    with pytest.raises(ValueError, match="racks"):
+        _job(system="pshard", workers=2, racks=2)

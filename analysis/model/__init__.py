@@ -1,6 +1,8 @@
 """A calibrated model of one training iteration, for what one machine cannot show at scale.
 
 * `replay`: the discrete-event replay (SimPy) of one iteration of one job on given hardware;
+* `multirack`: the same with phub's racks on the wire (a PBox per rack, reduce-scatter and
+  all-gather between them);
 * `traffic`: what an exchange is made of (groups, placement, units, counts per role);
 * `calibrate`: CPU costs per (system, role), fitted from the software-cost rows;
 * `scenarios`: result rows and the paper's setup as the replay's jobs and machines;

@@ -100,6 +100,7 @@ class Machine:
     stretch: Tuple[Tuple[str, float], ...] = ()
     # Whether a PBox's rack-simulation trips to itself cross its link (its NICs) or not (loopback).
     trips_on_link: bool = False
+    uplink_bytes_per_s: Optional[float] = None  # a rack's link to the core (Job.racks > 1); None: no limit
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Job:
     groups: int = DEFAULT_GROUPS
     piece_seconds: float = 1e-3
     simulated_racks: int = 1  # phub standing in for this many racks (1: a plain PBox)
+    racks: int = 1  # phub's racks on the wire, a PBox each, `workers` spread evenly (multirack.py)
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -127,6 +129,9 @@ class Job:
             raise ValueError(f"a job needs at least one worker and one layer (workers={self.workers})")
         if self.simulated_racks < 1 or (self.simulated_racks > 1 and self.system != "phub"):
             raise ValueError(f"simulated_racks={self.simulated_racks}: at least 1, and above 1 only for phub")
+        if self.racks < 1 or (self.racks > 1 and (self.system != "phub" or self.workers % self.racks)):
+            raise ValueError(f"racks={self.racks}: at least 1, and above 1 only for phub with the same workers "
+                             f"in every rack (workers={self.workers})")
 
 
 class Link:
@@ -323,17 +328,16 @@ class Iteration:
     # -- the systems ----------------------------------------------------------------------------
     def _exchange(self, iteration: int, w: int, unit: Unit):
         """One worker's unit: push, the server's aggregation and update, the weights back."""
-        c, worker, server = self.costs, self.workers[w], self.servers[unit.server]
-        io, threads = self.io_threads[w], self.server_threads[unit.server]
+        s = self._server_of(w, unit)
+        c, worker, server = self.costs, self.workers[w], self.servers[s]
+        io, threads = self.io_threads[w], self.server_threads[s]
         pslite = self.job.system.startswith("pslite")
         header = PSLITE_HEADER_BYTES if pslite else PHUB_HEADER_BYTES
         m, b = unit.messages, unit.nbytes
         yield from self.cpu(io, worker, c.worker_io.seconds(m, b))
         yield self.send(worker, server, b + m * header)
         yield from self.cpu(threads, server, c.server.seconds(m, b))
-        yield self._arrival(iteration, unit)  # every worker's copy in: aggregated and updated
-        if self.job.simulated_racks > 1:
-            yield self._trips(iteration, unit)
+        yield from self._aggregated(iteration, w, unit)  # every copy in, aggregated and updated
         if pslite:  # the acknowledgement, then the pull request behind this worker's later pushes
             yield self.send(server, worker, m * header)
             yield from self.cpu(io, worker, c.worker_io.seconds(2 * m, 0))
@@ -346,15 +350,25 @@ class Iteration:
         framework = c.worker_framework.seconds(self.messages_per_part // 2 * m, b)
         yield from self.cpu(self.main_threads[w], worker, framework)
 
-    def _arrival(self, iteration: int, unit: Unit) -> simpy.Event:
-        """Counts the workers' copies of one unit; its event fires with the last one."""
-        key = (iteration, unit.group, unit.server, unit.part)
+    def _server_of(self, w: int, unit: Unit) -> int:
+        """The index of the server that takes worker w's copy of `unit`."""
+        return unit.server
+
+    def _aggregated(self, iteration: int, w: int, unit: Unit):
+        """Waits until the unit's server may answer worker w: every worker's copy in (and, for the
+        rack simulation, its trips done)."""
+        yield self.mailbox((iteration, unit.group, unit.server, unit.part), self.job.workers)
+        if self.job.simulated_racks > 1:
+            yield self._trips(iteration, unit)
+
+    def mailbox(self, key, expected: int) -> simpy.Event:
+        """Counts one arrival under `key`; the event fires with the `expected`-th."""
         counts = self.__dict__.setdefault("_counts", {})
         events = self.__dict__.setdefault("_events", {})
         if key not in events:
             events[key] = self.env.event()
         counts[key] = counts.get(key, 0) + 1
-        if counts[key] == self.job.workers:
+        if counts[key] == expected:
             events[key].succeed()
         return events[key]
 
@@ -409,4 +423,8 @@ class Iteration:
 
 def simulate(job: Job, machine: Machine, costs: RoleCosts = RoleCosts()) -> float:
     """Predicted seconds per iteration of `job` on `machine` with `costs`."""
+    if job.racks > 1:
+        from .multirack import RackIteration  # a subclass of Iteration
+
+        return RackIteration(job, machine, costs).run()
     return Iteration(job, machine, costs).run()
