@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # A SLURM cluster of several emulated nodes on this machine, for testing `phub launch
-# --from-slurm` across nodes: each node is a network namespace (and a UTS namespace, so that its
-# host name is its node name) with one address on a bridge of its own in 198.19.78.0/24, running
-# its own slurmd; the controller runs in one more namespace. No accounting. Run as root.
+# --from-slurm` and the pipeline's `network: hostfile` across nodes: each node is a network
+# namespace (and a UTS namespace, so that its host name is its node name) with one address on a
+# bridge of its own in 198.19.78.0/24, running its own slurmd; the controller runs in one more
+# namespace, with accounting (slurmdbd on a private MariaDB instance bound to that namespace's
+# loopback) because Snakemake's slurm executor follows its jobs with `sacct`. Run as root.
 #
 #   workflow/scripts/slurm_netns.sh start [NODES]   NODES compute nodes (default 3); waits until
 #                                                   every node takes jobs
 #   workflow/scripts/slurm_netns.sh run CMD...      run CMD in the controller's namespace, where
-#                                                   SLURM's commands (salloc, srun) reach the cluster
+#                                                   SLURM's commands (salloc, sbatch, sacct) reach
+#                                                   the cluster
 #   workflow/scripts/slurm_netns.sh stop            stop the daemons, delete the namespaces
 #
-# The config, logs and state live in $PHUB_SLURM_NETNS_DIR (default /var/spool/phub-slurm-netns).
-# munged is the machine's (started here if none answers; SLURM needs it to sign messages).
-# Every wait is bounded ($PHUB_SLURM_WAIT seconds, default 60).
+# The config, logs, state and database live in $PHUB_SLURM_NETNS_DIR (default
+# /var/spool/phub-slurm-netns). Every node has the CPUs and memory `slurmd -C` reports for the
+# machine; partition `netns` (the default). munged is the machine's (started here if none answers;
+# SLURM needs it to sign messages). What it shares with slurm_localhost.sh (packages, munged,
+# accounting, waits) is in slurm_common.sh. Every wait is bounded ($PHUB_SLURM_WAIT seconds,
+# default 60).
 set -euo pipefail
 
 DIR=${PHUB_SLURM_NETNS_DIR:-/var/spool/phub-slurm-netns}
@@ -20,51 +26,37 @@ CONF=$DIR/slurm.conf
 WAIT=${PHUB_SLURM_WAIT:-60}
 NET=198.19.78
 PREFIX=phs
-MUNGE_SOCKET=/run/munge/munge.socket.2
+PORT=6817  # slurmctld; slurmd, slurmdbd and MariaDB take the next three (namespaces of their own)
+CLUSTER=phub-netns
+NAME=slurm_netns
 
-say() { echo "slurm_netns: $*" >&2; }
-die() { say "error: $*"; exit 1; }
-
-wait_for() {
-    local deadline=$((SECONDS + WAIT))
-    while ((SECONDS < deadline)); do
-        "$@" && return 0
-        sleep 0.5
-    done
-    return 1
-}
-
-munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
-
-start_munge() {
-    munge_works && return 0
-    [[ -s /etc/munge/munge.key ]] || die "no /etc/munge/munge.key (workflow/scripts/slurm_localhost.sh start makes one)"
-    mkdir -p /run/munge /var/log/munge /var/lib/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    rm -f "$MUNGE_SOCKET"
-    timeout 30 runuser -u munge -- munged --socket="$MUNGE_SOCKET" --pid-file=/run/munge/munged.pid \
-        --log-file=/var/log/munge/munged.log || die "munged did not start"
-    wait_for munge_works || die "munged runs but \`munge -n | unmunge\` fails"
-    cp /run/munge/munged.pid "$DIR/munged.pid"
-    say "started munged"
-}
+# The argv prefix that runs a command in namespace NS, with NS as its host name; nsenter, not
+# `ip netns exec`: that remounts /sys, hiding the cgroup mounts slurmd reads. A plain command
+# (not a function), so that a daemon started in the background through it has no shell as parent.
+# shellcheck disable=SC2016  # the inner sh expands them
+ns_prefix() { NS_PREFIX=(nsenter --net="/run/netns/$1" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$1"); }
+ns_prefix "$PREFIX-ctl"
+CONTROLLER=("${NS_PREFIX[@]}")  # slurmctld, slurmdbd and MariaDB run there
+# shellcheck source=workflow/scripts/slurm_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_common.sh"
 
 # in_ns NAMESPACE CMD...: run CMD in the node's network namespace, with its host name.
 in_ns() {
-    local ns=$1
+    ns_prefix "$1"
     shift
-    # nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup mounts slurmd reads
-    nsenter --net="/run/netns/$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$ns" "$@"
+    "${NS_PREFIX[@]}" "$@"
 }
 
 write_conf() {
     local count=$1 i
+    read_hardware
+    write_dbd_conf
     {
         echo "# Written by slurm_netns.sh: $count emulated nodes, one network namespace each."
-        echo "ClusterName=phub-netns"
+        echo "ClusterName=$CLUSTER"
         echo "SlurmctldHost=$PREFIX-ctl($NET.1)"
-        echo "SlurmctldPort=6817"
-        echo "SlurmdPort=6818"
+        echo "SlurmctldPort=$PORT"
+        echo "SlurmdPort=$((PORT + 1))"
         echo "AuthType=auth/munge"
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
@@ -81,11 +73,10 @@ write_conf() {
         echo "SchedulerType=sched/backfill"
         echo "SelectType=select/cons_tres"
         echo "SelectTypeParameters=CR_Core"
-        echo "JobAcctGatherType=jobacct_gather/none"
-        echo "AccountingStorageType=accounting_storage/none"
+        accounting_conf
         echo "JobCompType=jobcomp/none"
         for ((i = 1; i <= count; i++)); do
-            echo "NodeName=$PREFIX-node$i NodeAddr=$NET.$((10 + i)) CPUs=1 RealMemory=1000 State=UNKNOWN"
+            echo "NodeName=$PREFIX-node$i NodeAddr=$NET.$((10 + i)) CPUs=$HW_CPUS RealMemory=$HW_MEM State=UNKNOWN"
         done
         echo "PartitionName=netns Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
     } >"$CONF"
@@ -112,6 +103,9 @@ start() {
     [[ $(id -u) == 0 ]] || die "run as root (namespaces and SLURM's daemons)"
     ip netns list | grep -q "^$PREFIX-sw\b" && die "already up (stop it first)"
     mkdir -p "$DIR/state"
+    chmod 0700 "$DIR"
+    install_packages
+    export SLURM_CONF=$CONF
     write_conf "$count"
     start_munge
     ip netns add "$PREFIX-sw"
@@ -121,14 +115,18 @@ start() {
     for ((i = 1; i <= count; i++)); do
         add_ns "$PREFIX-node$i" "$NET.$((10 + i))" "$i"
     done
+    rm -f "$DIR/mariadbd.pid" "$DIR/slurmdbd.pid"  # left by daemons that died with their namespace
+    start_accounting
     in_ns "$PREFIX-ctl" slurmctld -f "$CONF" -c -i || die "slurmctld did not start (log: $DIR/slurmctld.log)"
     for ((i = 1; i <= count; i++)); do
         mkdir -p "$DIR/spool-$PREFIX-node$i"
         in_ns "$PREFIX-node$i" slurmd -f "$CONF" || die "slurmd of node $i did not start (log: $DIR/slurmd-$PREFIX-node$i.log)"
     done
-    wait_for nodes_idle "$count" || { tail -n 20 "$DIR"/*.log >&2; die "not all $count nodes are idle after $WAIT s"; }
+    wait_for nodes_idle "$count" || { show_logs; die "not all $count nodes are idle after $WAIT s"; }
     say "up: $count nodes ($NET.11..$NET.$((10 + count))), controller $NET.1"
 }
+
+ns_empty() { [[ -z $(ip netns pids "$1") ]]; }
 
 stop() {
     local ns pid
@@ -136,13 +134,10 @@ stop() {
         for pid in $(ip netns pids "$ns"); do kill -TERM "$pid" 2>/dev/null || true; done
     done
     for ns in $(ip netns list | awk '{print $1}' | grep "^$PREFIX-" || true); do
-        wait_for test -z "$(ip netns pids "$ns")" || for pid in $(ip netns pids "$ns"); do kill -KILL "$pid" 2>/dev/null || true; done
+        wait_for ns_empty "$ns" || for pid in $(ip netns pids "$ns"); do kill -KILL "$pid" 2>/dev/null || true; done
         ip netns delete "$ns"
     done
-    if [[ -s $DIR/munged.pid ]]; then  # ours: started by `start`
-        kill -TERM "$(<"$DIR/munged.pid")" 2>/dev/null || true
-        rm -f "$DIR/munged.pid"
-    fi
+    [[ -s $DIR/munged.pid ]] && stop_pidfile "$DIR/munged.pid" munged  # only a munged started here
     say "stopped"
 }
 
