@@ -1,5 +1,5 @@
 """The SLURM profile plans the quick grid with the requests docs/slurm.md states (no SLURM needed:
-a dry run); the one-node cluster scripts parse. `make test-slurm` runs them for real."""
+a dry run); the cluster scripts parse. `make test-slurm` runs them for real."""
 import os
 import re
 import subprocess
@@ -51,11 +51,22 @@ def test_defaults_fit_the_one_node_test_cluster(tmp_path):
         assert point["cpus_per_task"] == "2"
 
 
+def test_a_hostfile_run_holds_the_hostfiles_nodes(tmp_path):
+    # network: hostfile: a point's processes are srun steps of its shape's job, on the nodes it holds.
+    run = _dry_run(tmp_path, {"PHUB_SLURM_NODELIST": "n1,n2,n3"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    point = _resources(run.stdout, "run_shape")
+    assert point["nodes"] == "3" and point["tasks"] == "3"
+    assert point["slurm_extra"] == "--exclusive --mem=0 --nodelist=n1,n2,n3"
+    assert "nodes" not in _resources(run.stdout, "build")
+
+
 def test_the_cluster_scripts_parse():
-    for script in ("slurm_localhost.sh", "test_slurm.sh"):
+    for script in ("slurm_localhost.sh", "slurm_netns.sh", "test_slurm.sh", "test_slurm_nodes.sh"):
         path = ROOT / "workflow" / "scripts" / script
         assert os.access(path, os.X_OK), f"{script} is not executable"
         subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+    subprocess.run(["bash", "-n", str(ROOT / "workflow/scripts/slurm_common.sh")], check=True, timeout=30)  # sourced
     usage = subprocess.run([str(ROOT / "workflow/scripts/slurm_localhost.sh")], capture_output=True, text=True,
                            timeout=30)
     assert usage.returncode == 2 and "start|stop|status|env" in usage.stderr

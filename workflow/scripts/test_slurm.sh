@@ -3,11 +3,13 @@
 # a few experiment points of config/quick.yaml submitted through profiles/cluster, then checks
 # that their files exist and that every job of the run went through SLURM and completed there;
 # then an exchange whose processes srun places on the nodes of a hostfile (network: hostfile);
-# then `phub launch --from-slurm` across several SLURM nodes (test_slurm_nodes.sh: one slurmd per
-# network namespace), checked for the same losses as on this machine.
+# then several SLURM nodes (test_slurm_nodes.sh: one slurmd per network namespace, with
+# accounting): `phub launch --from-slurm` across them, checked for the same losses as on this
+# machine, and the pipeline through profiles/cluster with `network: hostfile` on a hostfile of
+# those nodes, checked like the one-node run and for points whose processes ran on several nodes.
 # Run as root from the repository root, after `make venv`. Bounded by $PHUB_SLURM_TEST_TIMEOUT
-# seconds (default 600) for the pipeline. The cluster is stopped at the end unless it was
-# already up before the test.
+# seconds (default 600) for each pipeline run. The one-node cluster is stopped at the end unless
+# it was already up before the test; the multi-node one always is.
 #   PHUB_SLURM_POINTS="scaling/phub-n1 scaling/gloo-ring-n2"   the points to run (quick grid keys;
 #                                                              their shapes run, one job each)
 #   PHUB_SLURM_RESULTS=results/slurm-test                      where they go (emptied first)
@@ -19,7 +21,11 @@ POINTS=${PHUB_SLURM_POINTS:-scaling/phub-n1 scaling/gloo-ring-n2}
 LIMIT=${PHUB_SLURM_TEST_TIMEOUT:-600}
 CLUSTER=workflow/scripts/slurm_localhost.sh
 
+SLURM_RUN=()  # SLURM's commands reach the cluster from here
+note() { echo "test-slurm: $*" >&2; }
 fail() { echo "test-slurm: FAILED: $*" >&2; exit 1; }
+# shellcheck source=workflow/scripts/test_slurm_pipeline.sh
+source "$(dirname "${BASH_SOURCE[0]}")/test_slurm_pipeline.sh"
 
 [[ $(id -u) == 0 ]] || fail "run as root (the test installs and starts SLURM; the emulated rack needs root)"
 [[ -x $VENV/bin/snakemake ]] || fail "no $VENV/bin/snakemake: run \`make venv\` first"
@@ -46,63 +52,28 @@ trap cleanup EXIT
 export PHUB_SLURM_CPUS=${PHUB_SLURM_CPUS:-$(nproc)}
 
 # A point runs inside its shape's job (the points that share one rack): the targets are the shapes.
-SHAPES=$("$VENV/bin/python" -c '
-import sys, yaml
-sys.path.insert(0, "workflow/scripts")
-import points
-grid = points.by_key(yaml.safe_load(open("config/quick.yaml")))
-print(" ".join(sorted({grid[key]["shape"] for key in sys.argv[1:]})))' $POINTS) || fail "unknown point in: $POINTS"
+# shellcheck disable=SC2086
+SHAPES=$(quick_shapes -- $POINTS) || fail "unknown point in: $POINTS"
 targets=()
 for s in $SHAPES; do targets+=("$RESULTS/shapes/$s.done"); done
 csvs=()
 for p in $POINTS; do csvs+=("$RESULTS/points/$p.csv"); done
 rm -rf "$RESULTS"
 mkdir -p "$RESULTS"
-log=$RESULTS/snakemake.log
-start=$(date +%s)
-echo "test-slurm: running ${POINTS} through SLURM (log: $log)" >&2
-set +e
-timeout "$LIMIT" "$VENV/bin/snakemake" --profile profiles/cluster --configfile config/quick.yaml \
-    --config results_dir="$RESULTS" -- "${targets[@]}" >"$log" 2>&1
-rc=$?
-set -e
-echo "test-slurm: snakemake exited with $rc after $(($(date +%s) - start)) s" >&2
-if ((rc != 0)); then
-    tail -n 40 "$log" >&2
-    ((rc == 124)) && fail "the pipeline ran past ${LIMIT} s"
-    fail "snakemake failed (exit $rc)"
-fi
+run_pipeline "$RESULTS" -- "${targets[@]}"
 
 # 1. The files: the build's self-test and one CSV per point, with rows.
-for f in "$RESULTS/build/selftest.json" "${targets[@]}" "${csvs[@]}"; do
-    [[ -s $f ]] || fail "missing or empty: $f"
-done
-for f in "${csvs[@]}"; do
-    (($(wc -l <"$f") >= 2)) || fail "$f has no data rows"
-done
-
-# 2. Every submitted job went through SLURM and completed there: the executor logs one SLURM job
-# id per job; sacct (the accounting database) must know each as COMPLETED, and the jobs must
-# cover provision, build and every shape.
-mapfile -t ids < <(sed -n 's/.*submitted with SLURM jobid \([0-9][0-9]*\).*/\1/p' "$log" | sort -u)
-expected=$((2 + $(wc -w <<<"$SHAPES")))
-((${#ids[@]} == expected)) || fail "expected $expected SLURM jobs (provision, build, one per shape), the log names ${#ids[@]}"
-acct=$(timeout 30 sacct -X -n -P -j "$(IFS=,; echo "${ids[*]}")" -o JobID,NodeList,Start,End,State,Comment)
-while IFS= read -r line; do echo "test-slurm: sacct: $line"; done <<<"$acct" >&2
-(($(grep -c '|COMPLETED|' <<<"$acct") == expected)) || fail "not every SLURM job is COMPLETED in sacct"
-for rule in rule_provision rule_build; do
-    grep -q "|$rule\$" <<<"$acct" || fail "no completed SLURM job for ${rule#rule_}"
-done
-for s in $SHAPES; do
-    grep -q "|rule_run_shape_wildcards_${s}\$" <<<"$acct" || fail "no completed SLURM job for shape $s"
-done
+check_files "$RESULTS/build/selftest.json" "${targets[@]}" "${csvs[@]}"
+# 2. Every submitted job went through SLURM and completed there.
+# shellcheck disable=SC2086
+check_jobs_completed "$RESULTS/snakemake.log" $SHAPES
 # 3. A shape takes the whole node: on this one-node cluster no two shapes ran at the same time.
-overlap=$(grep '|rule_run_shape_' <<<"$acct" | awk -F'|' '
+overlap=$(grep '|rule_run_shape_' <<<"$ACCT" | awk -F'|' '
     { start[NR] = $3; end[NR] = $4 }
     END { for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++)
               if (start[i] < end[j] && start[j] < end[i]) print start[i] "-" end[i] " and " start[j] "-" end[j] }')
 [[ -z $overlap ]] || fail "shapes overlapped on the node (not exclusive): $overlap"
-echo "test-slurm: OK: ${expected} jobs ran through SLURM (${ids[*]}), $(wc -w <<<"$POINTS") points written under $RESULTS" >&2
+note "OK: ${#JOB_IDS[@]} jobs ran through SLURM (${JOB_IDS[*]}), $(wc -w <<<"$POINTS") points written under $RESULTS"
 
 # 4. Placement by srun (network: hostfile): inside an allocation, `phub hostfile --from-slurm`
 # reads the allocation (one node here: too few for a PBox and a worker, which it must say), and
