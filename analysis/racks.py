@@ -20,7 +20,7 @@ from typing import List, Tuple
 
 import pandas as pd
 
-from phub.wire import HEADER_BYTES
+from phub.protocol.wire import HEADER_BYTES
 
 from . import derive, normalize
 

@@ -15,7 +15,7 @@ from typing import List, Optional
 from phub.chunking import DEFAULT_CHUNK_BYTES
 from phub.cli import Parser, frame_chunk_bytes, int_in, positive_int, run_command, seconds
 from phub.config import MAX_CORES, MAX_LANES, MAX_SIMULATED_RACKS, TRANSPORTS
-from phub.messages import MAX_WORKERS
+from phub.protocol.messages import MAX_WORKERS
 
 from .rack.rackcli import add_parser as add_rack_parser
 from .softcost_run import add_parser as add_software_cost_parser

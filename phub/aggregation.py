@@ -25,7 +25,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 
-from . import wire
+from .protocol import wire
 from .chunking import Chunk, ChunkPlan, Topology
 from .errors import ProtocolError
 from .optim import Aggregate, Optimizer

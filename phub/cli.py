@@ -237,7 +237,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .messages import MAX_WORKERS
+    from .protocol.messages import MAX_WORKERS
 
     parser = Parser(prog="phub", description="PHub: a rack-scale parameter server")
     sub = parser.add_subparsers(dest="cmd", required=True)

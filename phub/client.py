@@ -24,7 +24,8 @@ from typing import Dict, Hashable, List, Optional
 
 import numpy as np
 
-from . import exiting, wire
+from . import exiting
+from .protocol import wire
 from .chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .protocol.worker import WorkerProtocol, awaited_by, expect_entry
@@ -34,7 +35,7 @@ from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from .fastpath_contract import fastpath
 from .handle import Handle
-from .messages import MAX_WORKERS
+from .protocol.messages import MAX_WORKERS
 from .optim import Optimizer
 from .transport import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
                         recv_control, staging_capacity)

@@ -13,7 +13,7 @@ import select
 import time
 from typing import List
 
-from . import wire
+from .protocol import wire
 from .errors import JobFailed, ProtocolError
 from .protocol.worker import ServerReportedError
 from .transport import Link, LinkClosed, flush_links

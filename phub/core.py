@@ -18,7 +18,7 @@ from typing import List
 from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
 from .kernels import for_owned_buffers, get_backend
-from .protocol.server import CoreProtocol
+from .protocol.core import CoreProtocol
 from .transport import Link, LinkClosed, StagedLink, flush_links, staging_capacity
 
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from . import wire
+from .protocol import wire
 from .chunking import ITEMSIZE
 from .errors import ConfigError
 

@@ -61,7 +61,7 @@ Every field the C side reads (r) or writes (w):
 
 The tables are JobState.fast_table, WorkerProtocol.chunk_table and HierarchicalJobState.rack_table.
 The arguments of each loop (tables, lists, dicts) are in its docstring; the wire format is
-phub/wire.py's. tests/test_fastpath_contract.py checks that this table lists exactly the fields
+phub/protocol/wire.py's. tests/test_fastpath_contract.py checks that this table lists exactly the fields
 of `contract_fields()`, that the real classes register, and that a renamed field is refused.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from . import wire
+from .protocol import wire
 from .aggregation import ChunkState, JobState
 from .chunking import Chunk, Topology
 from .errors import ProtocolError

@@ -10,7 +10,7 @@ from typing import Dict, Hashable, Mapping, Optional
 
 import numpy as np
 
-from . import messages, wire
+from .protocol import messages, wire
 from .config import check_timeout
 from .errors import ConfigError
 from .handle import Handle

@@ -23,7 +23,7 @@ import socket
 import time
 from typing import Callable, List, Optional, Tuple
 
-from . import wire
+from .protocol import wire
 from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # queued parts that are sent at once; also the Python sender's parts per sendmsg

@@ -3,7 +3,7 @@ bounds it, `Job.refusal` and `Job.lane_refusal` say why it is turned away (the c
 the answer). Every rule once, with the culprit named in the message."""
 import pytest
 
-from phub import messages
+from phub.protocol import messages
 from phub.aggregation import JobState
 from phub.chunking import Topology
 from phub.config import JobSpec

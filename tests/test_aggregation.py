@@ -4,7 +4,7 @@ go; every transition and every refusal is checked, and every result against the 
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.aggregation import JobState, ReadyLane, Result
 from phub.chunking import Topology
 from phub.kernels import get_backend

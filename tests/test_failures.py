@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import phub
-from phub import wire
+from phub.protocol import wire
 from conftest import WORKER, finish, start_workers
 
 BOUND = 30  # seconds within which everyone must have exited after a failure

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import phub
-from phub import wire
+from phub.protocol import wire
 from phub.aggregation import JobState
 from phub.chunking import Topology
 from phub.kernels import for_owned_buffers, get_backend

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.aggregation import ChunkState
 from phub.optim import LOOP_PARAMS_FIELDS, NAG
 from phub.protocol import worker

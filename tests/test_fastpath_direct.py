@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from phub import transport, wire
+from phub import transport
+from phub.protocol import wire
 from phub.transport import DirectLink, LinkClosed
 from test_fastpath import Counter
 from test_transport import tcp_pair

@@ -5,7 +5,7 @@ leave to the Python path, untouched, every frame they do not take in full."""
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.optim import NAG, SGD
 from test_hierarchy import SHAPE, Racks, expected, gradient
 

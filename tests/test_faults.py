@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import phub
-from phub import wire
+from phub.protocol import wire
 from conftest import finish, start_workers
 from test_exchange import SIZES, assert_close, nag_oracle
 

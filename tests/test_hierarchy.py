@@ -10,7 +10,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.aggregation import ReadyLane, Result
 from phub.chunking import ChunkPlan, Topology
 from phub.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
@@ -60,7 +60,7 @@ class Racks:
             self.sent_bytes[key] = self.sent_bytes.get(key, 0) + len(payload)
 
     def act(self, rack, core, events):
-        """What the rack's core sends for its events (as phub.protocol.server does)."""
+        """What the rack's core sends for its events (as phub.protocol.core does)."""
         state = self.states[rack][core]
         for event in events:
             if isinstance(event, SendPeerReady):  # control frames: interface 0's link

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from phub import wire
+from phub.protocol import wire
 from phub.transport import recv_control
 
 K = wire.Kind

@@ -1,4 +1,4 @@
-"""The control-message validators (phub/messages.py), fed JSON objects directly: no sockets.
+"""The control-message validators (phub/protocol/messages.py), fed JSON objects directly: no sockets.
 
 Every bad field is a ProtocolError naming the message and the field; arbitrary JSON never raises
 anything else."""
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phub import messages
+from phub.protocol import messages
 from phub.errors import ProtocolError
 from phub.optim import NAG, SGD
 

@@ -4,7 +4,7 @@ must wake, and every frame a server may not send must be refused naming it."""
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.chunking import ChunkPlan, Topology
 from phub.datapath import TcpWorkerPath
 from phub.errors import JobFailed, PHubError, ProtocolError

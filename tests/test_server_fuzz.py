@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import phub
-from phub import wire
+from phub.protocol import wire
 from phub.protocol.admission import MAX_PENDING_PER_ADDRESS
 from phub.errors import JobFailed
 from phub.transport import recv_control

@@ -11,7 +11,7 @@ import pytest
 from phub.errors import ProtocolError
 from phub import transport
 from phub.transport import Link, _consume, flush_links, send_queued_python
-from phub.wire import Kind, pack_header
+from phub.protocol.wire import Kind, pack_header
 
 CHUNK_BYTES = 32768
 

@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.aggregation import JobState, Result
 from phub.chunking import ChunkPlan, Topology
 from phub.errors import ConfigError, ProtocolError

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.errors import JobFailed, PHubTimeout, ProtocolError
 from phub.rdma.connect import FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu
 from phub.transport import recv_control

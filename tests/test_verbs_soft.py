@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import phub
-from phub import wire
+from phub.protocol import wire
 from phub.errors import JobFailed
 from phub.rdma import connect, immediate
 from phub.rdma.fabric import Memory, Writer, drain, open_nic

@@ -1,4 +1,4 @@
-"""Tests for phub.wire: the header layout and its checks, the per-connection sender and chunk
+"""Tests for phub.protocol.wire: the header layout and its checks, the per-connection sender and chunk
 checks, and FrameReceiver (split-invariant parsing, zero-copy data payloads, rejection before any
 payload byte lands, and fuzzing with guard bytes around the payload buffers)."""
 import json
@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 
 from phub.errors import ProtocolError
-from phub.wire import (
-    DATA_KINDS, HEADER_BYTES, MAX_CONTROL_BYTES, SERVER_SENDER, FrameReceiver, Header, Kind,
-    check_chunk, check_sender, control_frame, decode_header, decode_json, pack_header,
-)
+from phub.protocol.wire import (DATA_KINDS, HEADER_BYTES, MAX_CONTROL_BYTES, SERVER_SENDER, FrameReceiver, Header, Kind,
+                                check_chunk, check_sender, control_frame, decode_header, decode_json, pack_header)
 
 LAYOUT = struct.Struct("<4sBBHIIIIII")  # the documented header layout, written out independently
 U32 = 0xFFFFFFFF

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phub.errors import ProtocolError
-from phub.wire import MAGIC, VERSION, FrameReceiver
+from phub.protocol.wire import MAGIC, VERSION, FrameReceiver
 from test_wire import Target, feed, sample_stream
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

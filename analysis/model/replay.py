@@ -50,7 +50,7 @@ from experiments.softcost import gloo_segments
 
 from .traffic import Unit, exchange_counts, group_layers, key_parts, units_of  # noqa: F401 (also from here)
 
-PHUB_HEADER_BYTES = 32  # phub.wire's frame header, on every chunk
+PHUB_HEADER_BYTES = 32  # phub.protocol.wire's frame header, on every chunk
 PSLITE_HEADER_BYTES = 96  # ps-lite's message meta + ZeroMQ frames (keys, lengths), about; an assumption
 GLOO_HEADER_BYTES = 0
 SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring")

@@ -3,12 +3,12 @@
 The transports (`phub.transport`, `phub.datapath`, `phub.rdma`) only move bytes; these modules
 decide. Each is driven by its side's I/O loop and tested by feeding it frames (`phub.testing`):
 
-- `phub.wire`       framing: the 32-byte header, data and control frames, `FrameReceiver`
-- `phub.messages`   one validator per control message (types and bounds, ProtocolError naming the field)
-- `server`          `CoreProtocol`: one server core's connections and jobs (handshake, frames,
-                    BYE, failures, stalls, the links to other racks); driven by `phub.core`
-- `worker`          `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
-                    driven by the client's I/O thread (`phub.clientloop`)
-- `jobs`            what a core knows of a job and of a connection; `admission`: strangers
+- `wire`          framing: the 32-byte header, data and control frames, `FrameReceiver`
+- `messages`      one validator per control message (types and bounds, ProtocolError naming the field)
+- `core`          `CoreProtocol`: one server core's connections and jobs (handshake, frames,
+                  BYE, failures, stalls, the links to other racks); driven by `phub.core`
+- `worker`        `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
+                  driven by the client's I/O thread (`phub.clientloop`)
+- `jobs`          what a core knows of a job and of a connection; `admission`: strangers
 - `phub.aggregation`, `phub.hierarchy`: the per-chunk state machines the server side feeds
 """

@@ -9,7 +9,7 @@ import re
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .. import wire
+from . import wire
 from ..aggregation import ChunkState, JobState
 from ..config import JobSpec
 from ..hierarchy import HierarchicalJobState, SimulatedRacksJobState

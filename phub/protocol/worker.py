@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import messages, wire
+from . import messages, wire
 from ..errors import JobFailed, PHubError, ProtocolError
 
 

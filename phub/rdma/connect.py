@@ -4,7 +4,7 @@ Two RC queue pairs can talk only once each knows the other's queue pair number, 
 sequence number and address (LID on InfiniBand, GID on RoCE), and a side can write into the
 other's memory only with that memory's base address and remote key. phub sends these on the
 lane's TCP connection, inside the frames it already has: as a documented extension of the HELLO,
-WELCOME, REGISTER and READY frames of `phub/wire.py` (no new frame kind):
+WELCOME, REGISTER and READY frames of `phub/protocol/wire.py` (no new frame kind):
 
     worker -> server  HELLO    {..., "rdma": PARAMS}  its QP (the region: a placeholder page)
     server -> worker  WELCOME  {..., "rdma": PARAMS}  the QP made for this connection

@@ -28,7 +28,7 @@ from __future__ import annotations
 import socket
 from typing import Optional, Tuple
 
-from .. import wire
+from ..protocol import wire
 from ..errors import ConfigError, ProtocolError
 
 RANK_BITS = 12

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from .. import wire
+from ..protocol import wire
 from ..errors import ConfigError, JobFailed, ProtocolError
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic

@@ -34,7 +34,7 @@ from typing import Dict, Iterator, List
 from experiments.models import PAPER_CHUNK_BYTES, scaled_chunk
 from experiments.rack.rackspec import parse_spec
 from experiments.systems.pslite import BIGARRAY_BOUND, effective_bigarray_bound
-from phub.wire import HEADER_BYTES
+from phub.protocol.wire import HEADER_BYTES
 
 SETTINGS_GBPS = {"cloud10g": 10, "ib56g": 56}
 DEFAULT_MAX_LINK_MBIT = 50.0  # config: rack.max_link_mbit

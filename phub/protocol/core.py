@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Callable, Dict, Optional
 
-from .. import messages, wire
+from . import messages, wire
 from ..aggregation import ChunkState, JobState, ReadyLane, Result
 from ..config import ServerConfig, check_peer
 from ..datapath import server_path, server_path_class

@@ -1,4 +1,4 @@
-"""One server core's protocol (phub.protocol.server.CoreProtocol) driven without sockets or
+"""One server core's protocol (phub.protocol.core.CoreProtocol) driven without sockets or
 processes: connections are phub.testing.MemoryConnections, time is a FakeClock, and every frame
 goes in as the bytes a worker would send. Each test checks the frames that come back, the
 connections that are closed and the job's end; results against the closed form."""
@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from phub import wire
+from phub.protocol import wire
 from phub.config import JobSpec, ServerConfig
 from phub.errors import ConfigError, ProtocolError
 from phub.kernels import get_backend
 from phub.optim import SGD
 from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
-from phub.protocol.server import CoreProtocol, drain_pushes
+from phub.protocol.core import CoreProtocol, drain_pushes
 from phub.testing import FakeClock, MemoryConnection, feed, frames_of
 from conftest import refused
 

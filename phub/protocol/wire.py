@@ -30,7 +30,7 @@ import json
 import struct
 from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 MAGIC = b"PHUB"
 VERSION = 1
