@@ -89,7 +89,7 @@ from experiments.monitor import STOLEN, Stolen, median_share, stolen_words
 from experiments.runner import Options, run_exchanges
 from phub.fileio import write_json
 from phub.kernels import for_owned_buffers, get_backend
-from phub.transport import STAGING_BYTES
+from phub.network.links import STAGING_BYTES
 from raw_tcp import LOOPBACK, best_raw_tcp, c_program, congestion_control, fused_pass
 
 RATE_ITERATIONS = 10  # timed exchanges of a chunk-rate run (CPU time is counted in 10 ms ticks)

@@ -2,7 +2,7 @@
  * phub._fastpath: the per-chunk loops of a server core and of a worker, in C.
  *
  * A server core reads a worker's connection in large reads into a staging buffer (see
- * StagedLink in phub/transport.py). `drain_pushes` walks the frames in it and, for every
+ * StagedLink in phub/network/links.py). `drain_pushes` walks the frames in it and, for every
  * well-formed PUSH that belongs on this connection now, does what JobState.push_target and
  * JobState.on_push do in Python: copy the payload into the worker's slot, fold it into the
  * chunk's merge buffer, and when the round is complete hand (state, acc, last) back for the
@@ -16,7 +16,7 @@
  * the server (stall checks, failures, the pure-Python path) sees one truth. Every Python field the
  * loops read or write (ChunkState's slots, the tables' columns, the positions in the tuples they
  * read and build) is reached through the round contract (_fastpath_contract.h), a table filled
- * once at import by phub/fastpath_contract.py, which lists every field, its type and its owner.
+ * once at import by phub/network/fastpath_contract.py, which lists every field, its type and its owner.
  * The folds are the same float32 operations in the same order as JobState.on_push with the
  * kernels of phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python
  * path.
@@ -698,7 +698,7 @@ static PyMethodDef fp_methods[] = {
 static struct PyModuleDef fp_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "phub._fastpath",
-    .m_doc = "The per-chunk loops in C (see phub/transport.py, StagedLink, and protocol/server.py).",
+    .m_doc = "The per-chunk loops in C (see phub/network/links.py, StagedLink, and phub/protocol/core.py).",
     .m_size = -1,
     .m_methods = fp_methods,
 };

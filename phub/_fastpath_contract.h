@@ -1,10 +1,10 @@
 /*
  * phub._fastpath, continued: the round contract, the one table through which the C loops reach
- * the Python objects they read and write (phub/fastpath_contract.py documents every field).
+ * the Python objects they read and write (phub/network/fastpath_contract.py documents every field).
  *
  * `contract_fields` names each field a loop uses: the record it belongs to, its name, and how it
  * is reached (a __slots__ member read in place, a position in a tuple, a column of a table, ...).
- * `register_contract(layouts)` is called once, by phub/fastpath_contract.py at import: it looks
+ * `register_contract(layouts)` is called once, by phub/network/fastpath_contract.py at import: it looks
  * every field up by name in the layouts Python declares (a class, or a record's field names in
  * order) and fills `contract` with the offsets and positions; the loops then read
  * `contract.fast_table.lane` and the like, never a number of their own. A field that is missing
@@ -225,7 +225,7 @@ PyDoc_STRVAR(register_contract_doc,
 "Look up by name every field the loops read or write (contract_fields()) in `layouts`, a dict:\n"
 "record -> its class (ChunkState, Handle) or its field names in order (a tuple), and from now on\n"
 "reach them there. ContractError, naming the field, when one is missing or unusable; the previous\n"
-"registration then stands. phub/fastpath_contract.py calls it once, at import.");
+"registration then stands. phub/network/fastpath_contract.py calls it once, at import.");
 
 static PyObject *
 fp_register_contract(PyObject *self, PyObject *layouts)
@@ -305,14 +305,14 @@ fp_registered_contract(PyObject *self, PyObject *unused)
 }
 
 /* Register the contract if nothing has yet (a loop called by code that imported phub._fastpath
- * itself): phub.fastpath_contract.register(). 0, or -1 with an exception set. */
+ * itself): phub.network.fastpath_contract.register(). 0, or -1 with an exception set. */
 static int
 ensure_contract(void)
 {
     if (contract.ready) {
         return 0;
     }
-    PyObject *module = PyImport_ImportModule("phub.fastpath_contract");
+    PyObject *module = PyImport_ImportModule("phub.network.fastpath_contract");
     PyObject *done = module == NULL ? NULL : PyObject_CallMethod(module, "register", NULL);
     Py_XDECREF(module);
     if (done == NULL) {
@@ -320,7 +320,7 @@ ensure_contract(void)
     }
     Py_DECREF(done);
     if (!contract.ready) {
-        PyErr_SetString(ContractError, "phub.fastpath_contract.register() did not register the round contract");
+        PyErr_SetString(ContractError, "phub.network.fastpath_contract.register() did not register the round contract");
         return -1;
     }
     return 0;

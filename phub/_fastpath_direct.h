@@ -4,12 +4,12 @@
  * buffer), this one reads the connection itself, frame by frame: each payload straight into the
  * caller's output array, together with the next frame's header; one system call per frame and no
  * copy in user space. The system call per frame only pays off for large chunks (see
- * transport.DIRECT_MIN_BYTES). A server core keeps its staged reads: there a round's last copy
+ * links.DIRECT_MIN_BYTES). A server core keeps its staged reads: there a round's last copy
  * is never copied anyway, and reading each push by itself measured slower (docs/data-path-log.md).
  * Included by _fastpath.c, after the helpers it uses.
  *
  * A link's reading position lives in its `cursor` (a bytearray of CURSOR_BYTES, see
- * transport.DirectLink): how much of the current frame's header and payload is in, the header,
+ * links.DirectLink): how much of the current frame's header and payload is in, the header,
  * and room for the next header. Every time a payload is (re)entered its header is checked again,
  * and its place looked up again, so nothing but bytes is kept between calls.
  */
@@ -26,7 +26,7 @@ typedef struct {
 
 #define CURSOR_BYTES ((Py_ssize_t)sizeof(read_cursor))
 
-/* What recv_results returns (transport.DirectLink names them): */
+/* What recv_results returns (links.DirectLink names them): */
 enum {
     READ_WOULD_BLOCK = 0, /* everything the socket had is handled */
     READ_FOREIGN = 1,     /* a frame this reader does not take: its header is in the cursor */

@@ -14,7 +14,7 @@
  * that is wrong) is left to the Python path, which raises the errors it always raises; the sums
  * are the Python path's float32 operations in its order (rack 0 + rack 1, then + rack 2, ...).
  * The tables' columns and the records these loops read and build are the round contract's
- * (_fastpath_contract.h; phub/fastpath_contract.py lists them).
+ * (_fastpath_contract.h; phub/network/fastpath_contract.py lists them).
  * Included by _fastpath.c after _fastpath_rounds.h: one translation unit, several files.
  */
 #ifndef PHUB_FASTPATH_RACKS_H

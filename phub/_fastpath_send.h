@@ -1,9 +1,9 @@
 /*
- * phub._fastpath, continued: `send_queued`, what transport.Link.flush and on_writable do with a
+ * phub._fastpath, continued: `send_queued`, what links.Link.flush and on_writable do with a
  * link's output queue, without the interpreter per part: gather the parts at the front of the
  * queue into one sendmsg, drop what went, keep the rest of a part cut short. In Python that cost
  * about a microsecond per part (the buffer of each part, the batch's list, the bookkeeping of
- * what was sent), a frame being two parts; `send_queued_python` in transport.py is the same in Python,
+ * what was sent), a frame being two parts; `send_queued_python` in network/links.py is the same in Python,
  * the reference the tests compare this with. Included by _fastpath.c.
  */
 #ifndef PHUB_FASTPATH_SEND_H

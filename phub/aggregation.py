@@ -32,7 +32,7 @@ from .optim import Aggregate, Optimizer
 
 # JobState.fast_table's columns, by chunk id: the chunk's lane here (-1: another core's), its
 # payload bytes, and whether it is ready (1: its lane and batch are initialized). The C push loop
-# reads them by these names (phub/fastpath_contract.py).
+# reads them by these names (phub/network/fastpath_contract.py).
 FAST_TABLE_COLUMNS = ("lane", "nbytes", "ready")
 _LANE, _NBYTES, _READY = (FAST_TABLE_COLUMNS.index(name) for name in ("lane", "nbytes", "ready"))
 

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from .chunking import DEFAULT_CHUNK_BYTES
 from .config import TRANSPORTS
-from .datapath import DEFAULT_TRANSPORT
+from .network.datapath import DEFAULT_TRANSPORT
 from .errors import ConfigError, PHubError
 
 

@@ -29,16 +29,16 @@ from .protocol import wire
 from .chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .protocol.worker import WorkerProtocol, awaited_by, expect_entry
-from .datapath import DEFAULT_TRANSPORT, worker_path
+from .network.datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels, as_float32
 from .config import check_timeout
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
-from .fastpath_contract import fastpath
+from .network.fastpath_contract import fastpath
 from .handle import Handle
 from .protocol.messages import MAX_WORKERS
 from .optim import Optimizer
-from .transport import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
-                        recv_control, staging_capacity)
+from .network.links import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
+                            recv_control, staging_capacity)
 
 # The worker's C loops, their round contract registered; None when not built: every frame takes
 # the Python path.
@@ -295,7 +295,7 @@ class Client(ClientLoop, SideChannels):
 
     @property
     def _data(self):
-        """How chunks move (datapath.TcpWorkerPath, or an RDMA one): the server's choice, held by
+        """How chunks move (tcp.TcpWorkerPath, or an RDMA one): the server's choice, held by
         the protocol, which hands it what arrives; None until the servers have answered."""
         return self._protocol.data
 

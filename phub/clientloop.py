@@ -16,7 +16,7 @@ from typing import List
 from .protocol import wire
 from .errors import JobFailed, ProtocolError
 from .protocol.worker import ServerReportedError
-from .transport import Link, LinkClosed, flush_links
+from .network.links import Link, LinkClosed, flush_links
 
 
 _JUDGE_S = 1.0  # how long a failing worker waits for its other lanes to say how they ended

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
-from .datapath import DEFAULT_TRANSPORT, PATHS
+from .network.datapath import DEFAULT_TRANSPORT, PATHS
 from .errors import ConfigError
 
 MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and still finite
@@ -108,7 +108,7 @@ class ServerConfig:
     rack: int = 0  # with peers: this server's rack index ...
     peers: Tuple[str, ...] = ()  # ... and every rack server's HOST[+HOST...]:PORT (its interfaces), in rack order
     transport: str = DEFAULT_TRANSPORT  # "tcp", or "verbs" (refused at start unless it can run here, see phub doctor),
-    # or "soft-verbs" (the verbs data path over phub.rdma.soft: one machine, no device needed)
+    # or "soft-verbs" (the verbs data path over phub.network.rdma.soft: one machine, no device needed)
     rdma_devices: Tuple[str, ...] = ()  # with verbs: the RDMA port ("NAME[:PORT]") of each interface
     max_job_bytes: int = DEFAULT_MAX_JOB_BYTES  # the values one job may register (its arrays' bytes)
     report_joins: bool = False  # print JSON lines on stdout for the launcher: a rank connected, a job failed

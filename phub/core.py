@@ -1,7 +1,7 @@
 """One server core's I/O loop: sockets in, bytes out; every decision is the protocol's.
 
 Each core runs in its own process (see server.py). It accepts connections on every interface,
-wraps each in a `transport.Link` (a `StagedLink` when the C push loop can take its pushes) and
+wraps each in a `links.Link` (a `StagedLink` when the C push loop can take its pushes) and
 hands the protocol (`protocol.server.CoreProtocol`) what happens on it: a connection, a frame,
 a loss, a bad frame. The protocol answers by sending on the links; this loop flushes them once
 per round of events, polls the RDMA data paths and lets the protocol check its clocks.
@@ -19,7 +19,7 @@ from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
 from .kernels import for_owned_buffers, get_backend
 from .protocol.core import CoreProtocol
-from .transport import Link, LinkClosed, StagedLink, flush_links, staging_capacity
+from .network.links import Link, LinkClosed, StagedLink, flush_links, staging_capacity
 
 
 def _log(message: str) -> None:

@@ -11,7 +11,7 @@ raises except `require_transport`, which is how choosing a transport fails at st
                   "numa_nodes": [{"node", "cpus"}]}
     interfaces   [{"name", "operstate", "mtu", "speed_mbps" (null if the driver reports none)}]
     privileges   {"cap_net_admin": bool or null, "netns": bool, "netns_detail": str}
-    rdma         see phub.rdma.verbs.probe()
+    rdma         see phub.network.rdma.verbs.probe()
     libraries    {"numpy": version or null, "mxnet": ..., "torch": ...}   (null: not installed)
     transports   {"tcp": {"available", "reason"}, "verbs": {"available", "hardware", "reason"},
                   "soft-verbs": {"available", "reason"}}
@@ -127,7 +127,7 @@ def loopback() -> dict:
 
 
 def verbs_transport(rdma: dict) -> dict:
-    """Whether the verbs transport can run, from `phub.rdma.verbs.probe()`'s report, and why not."""
+    """Whether the verbs transport can run, from `phub.network.rdma.verbs.probe()`'s report, and why not."""
     if rdma["reason"]:
         return {"available": False, "hardware": False, "reason": rdma["reason"]}
     return {"available": True, "hardware": True, "reason": None}
@@ -159,7 +159,7 @@ def emulated_rack(privileges: dict) -> dict:
 
 def collect() -> dict:
     """The whole report (see the module docstring). Takes well under a second; never raises."""
-    from .rdma.verbs import probe
+    from .network.rdma.verbs import probe
 
     ns = netns()
     privileges = {"cap_net_admin": cap_net_admin(), "netns": ns["available"], "netns_detail": ns["detail"]}
@@ -183,7 +183,7 @@ def require_transport(transport: str) -> None:
         raise ConfigError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     if transport != "verbs":  # tcp, and soft-verbs (software only) run wherever phub runs
         return
-    from .rdma.verbs import probe
+    from .network.rdma.verbs import probe
 
     status = verbs_transport(probe())
     if not status["available"]:

@@ -35,7 +35,7 @@ from .errors import ProtocolError
 
 # HierarchicalJobState.rack_table's columns, by chunk id: the rack that sums the chunk (-1: another
 # core's chunk), the racks whose partial of this round is in (a bit each), the chunk's interface.
-# The C rack loops read and write them by these names (phub/fastpath_contract.py).
+# The C rack loops read and write them by these names (phub/network/fastpath_contract.py).
 RACK_TABLE_COLUMNS = ("owner", "arrived", "interface")
 _OWNER, _ARRIVED, _INTERFACE = (RACK_TABLE_COLUMNS.index(name) for name in ("owner", "arrived", "interface"))
 

@@ -13,7 +13,7 @@ from .errors import ConfigError
 
 LOOP_NAG, LOOP_SGD = 1, 2  # the optimizers phub/_fastpath.c runs itself (its OPT_NAG, OPT_SGD)
 # What `Optimizer.loop_params` returns, in this order; the C loops read the fields by these names
-# (phub/fastpath_contract.py). "kind" is the optimizer's loop_kind; the others are its attributes.
+# (phub/network/fastpath_contract.py). "kind" is the optimizer's loop_kind; the others are its attributes.
 LOOP_PARAMS_FIELDS = ("kind", "needs_momentum", "learning_rate", "momentum", "wd", "rescale_grad", "clip_gradient")
 
 

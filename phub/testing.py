@@ -5,7 +5,7 @@
     protocol.frame_received(conn, frame_of(wire.control_frame(wire.Kind.HELLO, ...)))
     [welcome] = conn.take()                   # what the protocol sent, as decoded frames
 
-`MemoryConnection` stands where a `transport.Link` stands (send, finish, close, limit_control,
+`MemoryConnection` stands where a `links.Link` stands (send, finish, close, limit_control,
 limit_queue) and keeps what was sent; `FakeClock` is a clock the test moves by hand; `feed`
 receives bytes as a link does (payloads where the protocol says, frames handed over one by one);
 `frame_of` turns the bytes of one whole frame into the `wire.Frame` a receiving link would hand

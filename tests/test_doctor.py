@@ -11,7 +11,7 @@ import pytest
 import phub
 from phub import doctor
 from phub.errors import ConfigError
-from phub.rdma import verbs
+from phub.network.rdma import verbs
 
 PHUB = [sys.executable, "-m", "phub"]
 KEYS = {"python", "cpu", "interfaces", "privileges", "rdma", "libraries", "transports", "modes"}

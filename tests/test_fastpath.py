@@ -16,10 +16,10 @@ from phub.protocol import wire
 from phub.aggregation import JobState
 from phub.chunking import Topology
 from phub.kernels import for_owned_buffers, get_backend
-from phub.datapath import TcpServerPath
+from phub.network.tcp import TcpServerPath
 from phub.optim import NAG, SGD, Aggregate
-from phub.transport import StagedLink
-from test_transport import tcp_pair
+from phub.network.links import StagedLink
+from test_links import tcp_pair
 
 fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")
 

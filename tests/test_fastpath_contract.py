@@ -1,4 +1,4 @@
-"""The round contract (phub/fastpath_contract.py, phub/_fastpath_contract.h): the C loops reach
+"""The round contract (phub/network/fastpath_contract.py, phub/_fastpath_contract.h): the C loops reach
 every Python field they use through one table, filled by name at import. A field the C side
 reads that Python renames or drops must be refused at registration, naming it; a reordered
 record Python builds must be followed; a reordered record C builds must be refused."""
@@ -14,7 +14,7 @@ from phub.optim import LOOP_PARAMS_FIELDS, NAG
 from phub.protocol import worker
 
 fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")
-contract = importlib.import_module("phub.fastpath_contract")
+contract = importlib.import_module("phub.network.fastpath_contract")
 
 FIELDS = fastpath.contract_fields()  # (record, field, type, how)
 
@@ -111,7 +111,7 @@ def test_a_reordered_record_python_builds_is_read_where_its_layout_says(register
 
 
 def test_registration_at_import_names_the_missing_field(monkeypatch, registered):
-    """phub.fastpath_contract registers when imported: a layout that lost a field the C side
+    """phub.network.fastpath_contract registers when imported: a layout that lost a field the C side
     reads fails that import with ContractError naming the field, not a crash later."""
     monkeypatch.setattr(worker, "AWAITED_FIELDS", ("iteration", "waiter"))
     with pytest.raises(contract.ContractError, match="field 'handle' .* of the awaited"):
@@ -133,7 +133,7 @@ def test_what_python_builds_puts_each_field_where_its_layout_says():
 
 
 def documented_fields() -> set:
-    """The (record, field) rows of the table in phub/fastpath_contract.py's docstring."""
+    """The (record, field) rows of the table in phub/network/fastpath_contract.py's docstring."""
     records = sorted({record for record, _, _, _ in FIELDS}, key=len, reverse=True)
     pattern = re.compile(rf"^  ({'|'.join(map(re.escape, records))})\s+(\w+)\s", re.M)
     return set(pattern.findall(contract.__doc__))

@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from phub import transport
+from phub.network import links
 from phub.protocol import wire
-from phub.transport import DirectLink, LinkClosed
+from phub.network.links import DirectLink, LinkClosed
 from test_fastpath import Counter
-from test_transport import tcp_pair
+from test_links import tcp_pair
 
 fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")
 
@@ -57,9 +57,9 @@ def pair():
 
 
 def test_the_read_codes_are_the_c_readers():
-    assert (transport.READ_WOULD_BLOCK, transport.READ_FOREIGN, transport.READ_CLOSED,
-            transport.READ_STALE) == (0, 1, 2, 3)
-    assert transport.CURSOR_BYTES == fastpath.CURSOR_BYTES == 8 + 2 * HEADER
+    assert (links.READ_WOULD_BLOCK, links.READ_FOREIGN, links.READ_CLOSED,
+            links.READ_STALE) == (0, 1, 2, 3)
+    assert links.CURSOR_BYTES == fastpath.CURSOR_BYTES == 8 + 2 * HEADER
 
 
 def result_frame(cid, values, iteration=4):
@@ -84,8 +84,8 @@ def test_recv_results_reads_expected_results_into_place_and_stops_at_the_rest(pa
         a.sendall(good + bad)
         cur = cursor()
         code = until(b, lambda: fastpath.recv_results(b.fileno(), cur, 0, 0, table, expect),
-                     lambda r: r != transport.READ_WOULD_BLOCK)
-        assert code == transport.READ_FOREIGN and bytes(cur[8:8 + HEADER]) == bad[:HEADER]
+                     lambda r: r != links.READ_WOULD_BLOCK)
+        assert code == links.READ_FOREIGN and bytes(cur[8:8 + HEADER]) == bad[:HEADER]
         assert out[:6].tolist() == [1, 2, 3, 4, 5, 6] and handle.left == 0 and set(expect) == {1}
         assert b.recv(len(bad)) == bad[HEADER:]
 
@@ -102,7 +102,7 @@ def test_recv_results_says_when_a_result_stopped_being_expected_mid_way(pair):
     expect.clear()  # the client failed the job meanwhile
     a.sendall(frame[HEADER + 64:])
     select.select([b], [], [], 5.0)
-    assert fastpath.recv_results(b.fileno(), cur, 0, 0, table, expect) == transport.READ_STALE
+    assert fastpath.recv_results(b.fileno(), cur, 0, 0, table, expect) == links.READ_STALE
 
 
 def read_results(sock, cur, table, expect):
@@ -125,7 +125,7 @@ def test_recv_results_takes_a_frame_cut_anywhere(pair):
         a.sendall(frame[start:end])
         code = until(b, lambda: read_results(b, cur, table, expect),
                      lambda r: header_got(cur) + payload_got(cur) == end % len(frame) and (end < len(frame) or not expect))
-        assert code == transport.READ_WOULD_BLOCK and handle.left == (end < len(frame))
+        assert code == links.READ_WOULD_BLOCK and handle.left == (end < len(frame))
     assert out[1:-1].tolist() == values.tolist() and out[0] == out[-1] == -1
 
 
@@ -137,8 +137,8 @@ def test_recv_results_reports_a_closed_connection_and_where(cut, pair):
     a.sendall(result_frame(0, np.arange(1024), iteration=1)[:cut])
     a.close()
     cur = cursor()
-    code = until(b, lambda: read_results(b, cur, table, expect), lambda r: r != transport.READ_WOULD_BLOCK)
-    assert code == transport.READ_CLOSED and (header_got(cur) + payload_got(cur) > 0) == (cut > 0) and expect
+    code = until(b, lambda: read_results(b, cur, table, expect), lambda r: r != links.READ_WOULD_BLOCK)
+    assert code == links.READ_CLOSED and (header_got(cur) + payload_got(cur) > 0) == (cut > 0) and expect
 
 
 @pytest.mark.parametrize("pieces", [7, 4096, 100_000], ids=lambda n: f"{n}-byte pieces")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from phub.protocol import wire
-from phub.transport import recv_control
+from phub.network.links import recv_control
 
 K = wire.Kind
 REGISTERED = 1 << 19  # floats: 2 MiB of weights, so a STATE_REQUEST's answer is 2 MiB of copies

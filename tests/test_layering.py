@@ -66,8 +66,8 @@ def _transport_tests(path: Path):
 
 
 def test_no_loop_or_protocol_module_branches_on_the_transport():
-    """The I/O loops and the protocol call the data-path interface (phub/datapath.py); only the
-    transports (phub/datapath.py, phub/rdma/) and the places that name them for a user (config,
+    """The I/O loops and the protocol call the data-path interface (phub/network/datapath.py); only the
+    transports (phub/network/datapath.py, phub/network/rdma/) and the places that name them for a user (config,
     doctor, cli) say which one runs."""
     blind = [ROOT / "phub" / name for name in ("core.py", "client.py", "clientloop.py", "sidechannels.py",
                                                 "handle.py", "server.py", "aggregation.py", "hierarchy.py")]

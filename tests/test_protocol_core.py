@@ -290,7 +290,7 @@ def test_shared_values_count_against_the_job_s_byte_budget_with_its_arrays():
 
 
 def test_every_connection_of_a_job_may_have_twice_what_the_job_holds_waiting_for_it():
-    """A peer that lets more pile up is dropped (transport.Link.limit_queue); the bound grows
+    """A peer that lets more pile up is dropped (links.Link.limit_queue); the bound grows
     with what the job registers and shares."""
     core = Core()
     stranger = core.connect()

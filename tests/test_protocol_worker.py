@@ -6,7 +6,7 @@ import pytest
 
 from phub.protocol import wire
 from phub.chunking import ChunkPlan, Topology
-from phub.datapath import TcpWorkerPath
+from phub.network.tcp import TcpWorkerPath
 from phub.errors import JobFailed, PHubError, ProtocolError
 from phub.handle import Handle
 from phub.protocol.worker import ServerReportedError, WorkerProtocol

@@ -73,3 +73,14 @@ def test_the_scheme_replayed_is_the_racks_exchange_on_the_links_with_no_cpu():
     assert one >= racks.scheme_bound(rack_row()) * 0.99
     assert two > one
     assert math.isnan(racks.replayed_bound(rack_row(link_gbps=math.nan)))
+
+
+def test_a_rack_count_whose_repeats_were_mostly_cpu_bound_is_not_judged():
+    rows = [rack_row(repeat=r, seconds_per_iteration=0.0085) for r in range(3)]
+    rows += [rack_row(racks=2, workers=4, repeat=r, seconds_per_iteration=0.05, bound=b)
+             for r, b in enumerate(["cpu", "cpu", "other"])]
+    table = racks.wire_rows(pd.DataFrame(rows))
+    assert list(table["cpu_bound"]) == [False, True]
+    text = "\n".join(racks.report_lines(pd.DataFrame(rows)))
+    assert "of 1 points. 1 CPU-bound here (alexnet at 2 racks:" in text
+    assert text.rstrip().endswith("| cpu | CPU-bound here |")

@@ -24,7 +24,7 @@ import phub
 from phub.protocol import wire
 from phub.protocol.admission import MAX_PENDING_PER_ADDRESS
 from phub.errors import JobFailed
-from phub.transport import recv_control
+from phub.network.links import recv_control
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTECTED, TOKEN, FUZZ_JOBS = 5000, "SECRET", range(1, 701)

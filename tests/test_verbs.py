@@ -10,8 +10,8 @@ from phub.aggregation import JobState, Result
 from phub.chunking import ChunkPlan, Topology
 from phub.errors import ConfigError, ProtocolError
 from phub.kernels import get_backend
-from phub.rdma import immediate
-from phub.rdma.layout import PAGE_BYTES, CoreRegistration, WorkerRegistration, core_lanes, remote_slots
+from phub.network.rdma import immediate
+from phub.network.rdma.layout import PAGE_BYTES, CoreRegistration, WorkerRegistration, core_lanes, remote_slots
 
 # -- immediate ------------------------------------------------------------------------------
 

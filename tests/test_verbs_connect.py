@@ -5,8 +5,8 @@ import pytest
 
 from phub.protocol import wire
 from phub.errors import JobFailed, PHubTimeout, ProtocolError
-from phub.rdma.connect import FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu
-from phub.transport import recv_control
+from phub.network.rdma.connect import FIELD, ZERO_GID, ConnParams, attach, extract, path_mtu
+from phub.network.links import recv_control
 
 WORKER = dict(qp_num=0x12345, psn=0xABCDE, lid=7, gid="fe80:0000:0000:0000:0202:c9ff:fe00:0001", mtu=4096,
               addr=0x7F00_0000_1000, rkey=0xDEADBEEF, length=1 << 20)

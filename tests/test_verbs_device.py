@@ -14,8 +14,8 @@ import phub
 
 from phub import doctor
 from phub.errors import ConfigError
-from phub.rdma import immediate, verbs
-from phub.rdma.connect import ZERO_GID, ConnParams
+from phub.network.rdma import immediate, verbs
+from phub.network.rdma.connect import ZERO_GID, ConnParams
 
 
 def test_send_credits_signal_periodically_and_never_strand_a_full_queue():

@@ -14,9 +14,9 @@ import pytest
 import phub
 from phub.protocol import wire
 from phub.errors import JobFailed
-from phub.rdma import connect, immediate
-from phub.rdma.fabric import Memory, Writer, drain, open_nic
-from phub.transport import recv_control
+from phub.network.rdma import connect, immediate
+from phub.network.rdma.fabric import Memory, Writer, drain, open_nic
+from phub.network.links import recv_control
 from conftest import finish, start_workers
 from test_exchange import SIZES, STEPS, aggregate, assert_close, nag_oracle
 

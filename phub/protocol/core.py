@@ -1,7 +1,7 @@
 """The protocol of one server core, with no I/O: what each frame means and what goes back.
 
 `CoreProtocol` is handed connections (objects that queue bytes: `send`, `finish`, `close`; a
-`transport.Link` in a server, `phub.testing.MemoryConnection` in a test) and the frames that
+`links.Link` in a server, `phub.testing.MemoryConnection` in a test) and the frames that
 arrive on them; it answers by sending on them. The core's loop (`phub.core`) only moves bytes:
 
     connection_made(conn, interface, address)    a worker or another rack connected (or refuse)
@@ -31,15 +31,15 @@ from typing import Callable, Dict, Optional
 from . import messages, wire
 from ..aggregation import ChunkState, JobState, ReadyLane, Result
 from ..config import ServerConfig, check_peer
-from ..datapath import server_path, server_path_class
+from ..network.datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
-from ..fastpath_contract import fastpath
+from ..network.fastpath_contract import fastpath
 from ..hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
                          SimulatedRacksJobState)
 from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
-# The C loops, their round contract registered (phub/fastpath_contract.py); None when not built:
+# The C loops, their round contract registered (phub/network/fastpath_contract.py); None when not built:
 # every frame takes the Python path.
 drain_pushes = drain_rack_frames = rack_rounds_done = None
 if fastpath is not None:
@@ -254,7 +254,7 @@ class CoreProtocol:
             raise ProtocolError(f"a worker may not send {kind.name} frames")
 
     def fast_pushes(self, conn, staging: memoryview, start: int, end: int):
-        """The C loop over a staged link's pushes (see transport.StagedLink): a worker's link, or
+        """The C loop over a staged link's pushes (see links.StagedLink): a worker's link, or
         the PARTIAL and TOTAL frames of a link to another rack's server."""
         peer = self.peers[conn]
         job = peer.job

@@ -1,7 +1,7 @@
 """What one server core knows about each job and each connection (no I/O; see server.py).
 
 A connection here is whatever object the core's loop hands the protocol for it: a
-`transport.Link` in a server, a `phub.testing.MemoryConnection` in a test.
+`links.Link` in a server, a `phub.testing.MemoryConnection` in a test.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Job:
     def __init__(self, spec: JobSpec, now: float):
         self.spec = spec
         self.state: Optional[JobState] = None
-        self.data = None  # how its chunks move (datapath.TcpServerPath, or an RDMA one), with the state
+        self.data = None  # how its chunks move (tcp.TcpServerPath, or an RDMA one), with the state
         self.shard: Tuple[int, int] = (0, 1)  # (this server's index, number of shards)
         self.links: Dict[int, List[Optional[Connection]]] = {}  # lane -> connection per local worker
         # (rack, interface) -> the link to that rack's server, same core, same interface

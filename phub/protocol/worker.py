@@ -32,7 +32,7 @@ class ServerReportedError(JobFailed):
 # An `expect` entry is a tuple of EXPECT_ENTRY_FIELDS (destination bytes, awaited), and `awaited`
 # a list of AWAITED_FIELDS ([iteration, handle]), shared by the entries of one operation: a tuple
 # and a list rather than objects with names, because the C loops of phub/_fastpath.c read them per
-# result, at the positions these layouts give (phub/fastpath_contract.py registers them). Python
+# result, at the positions these layouts give (phub/network/fastpath_contract.py registers them). Python
 # reads them by the names below, and builds them with `expect_entry` and `awaited_by`.
 EXPECT_ENTRY_FIELDS = ("destination", "awaited")
 AWAITED_FIELDS = ("iteration", "handle")
@@ -84,7 +84,7 @@ class WorkerProtocol:
     def __init__(self, job_id: int, rank: int, num_workers: int, token: str = ""):
         self.job_id, self.rank, self.num_workers, self.token = job_id, rank, num_workers, token
         self.error: Optional[PHubError] = None  # why the job is over for this worker
-        self.data = None  # the worker's data path (datapath.TcpWorkerPath or an RDMA one), once known
+        self.data = None  # the worker's data path (tcp.TcpWorkerPath or an RDMA one), once known
         self.expect: Dict[int, tuple] = {}  # chunk id -> (destination bytes, [iteration, handle])
         self._key_results: Dict[object, KeyResults] = {}  # by key, see expect_key
         self.expect_state: Dict[int, tuple] = {}  # chunk id -> (destination bytes, handle), see optimizer_state

@@ -23,8 +23,8 @@ import socket
 import time
 from typing import Callable, List, Optional, Tuple
 
-from .protocol import wire
-from .errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
+from ..protocol import wire
+from ..errors import ConfigError, JobFailed, PHubTimeout, ProtocolError
 
 _MAX_PARTS = 64  # queued parts that are sent at once; also the Python sender's parts per sendmsg
 _DRAINED = object()  # what Link._read returns when the socket has nothing more for now
@@ -312,7 +312,7 @@ DirectFrames = Callable[["Link", int, bytearray], int]
 # far (u32 each), then the current frame's header, then room for the next one.
 _CURSOR_PROGRESS, _CURSOR_HEADER = slice(0, 8), slice(8, 8 + wire.HEADER_BYTES)
 try:
-    from ._fastpath import CURSOR_BYTES  # a reader's position in a link (see DirectLink)
+    from .._fastpath import CURSOR_BYTES  # a reader's position in a link (see DirectLink)
 except ImportError:  # not built: no C readers, no direct links
     CURSOR_BYTES = 0
 # The smallest chunk a worker's direct link pays off for: below it, the system call per frame
@@ -402,7 +402,7 @@ def _consume(outq: "collections.deque", sent: int, batch, whole: int) -> None:
 
 
 try:
-    from ._fastpath import send_queued
+    from .._fastpath import send_queued
 except ImportError:  # not built
     send_queued = send_queued_python
 

@@ -20,18 +20,18 @@ byte for byte the aggregation layout, so its arrays can be views of the register
     region (core c, NIC i):  [batch 0: slots N x E0 | weights E0 | results E0] [batch 1: ...] ...
 
 Adding a batch appends blocks and never moves earlier ones, so a region registered for the
-first batches stays valid; the later batches need their own registration (see `phub.rdma`).
+first batches stays valid; the later batches need their own registration (see `phub.network.rdma`).
 Both sides compute the same plan from the same `ChunkPlan`, so a worker knows the remote offset
 of every slot without asking: remote address = the region's base address (exchanged once per
-connection, see `phub.rdma.connect`) + `slot(chunk, rank).offset`.
+connection, see `phub.network.rdma.connect`) + `slot(chunk, rank).offset`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..chunking import ITEMSIZE, Chunk, ChunkPlan
-from ..errors import ConfigError
+from ...chunking import ITEMSIZE, Chunk, ChunkPlan
+from ...errors import ConfigError
 from . import immediate
 
 PAGE_BYTES = 4096  # every block starts on a page: registration pins whole pages anyway

@@ -28,8 +28,8 @@ from __future__ import annotations
 import socket
 from typing import Optional, Tuple
 
-from ..protocol import wire
-from ..errors import ConfigError, ProtocolError
+from ...protocol import wire
+from ...errors import ConfigError, ProtocolError
 
 RANK_BITS = 12
 CHUNK_BITS = 20

@@ -1,4 +1,4 @@
-"""The "verbs" provider of `phub.rdma.fabric`: pyverbs (rdma-core's Python bindings), the only
+"""The "verbs" provider of `phub.network.rdma.fabric`: pyverbs (rdma-core's Python bindings), the only
 code that touches a device.
 
 Nothing here runs at import time: pyverbs is imported by `load()`, on first use, so `phub` works
@@ -16,7 +16,7 @@ on machines without it. What it offers, in the order a connection needs it:
 
 Every call that can fail on a device raises pyverbs' own exception, except where noted. This
 module runs on real hardware only (its device test skips without one); the same operations in
-software (`phub.rdma.soft`) run the data path in the tests.
+software (`phub.network.rdma.soft`) run the data path in the tests.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import sys
 import types
 from typing import List, Optional
 
-from ..errors import ConfigError, JobFailed
+from ...errors import ConfigError, JobFailed
 from .connect import ZERO_GID, ConnParams, path_mtu
 from .fabric import Completion, Memory, Region, SendCredits, check_write
 from .immediate import from_wire, to_wire
@@ -148,7 +148,7 @@ def probe() -> dict:
 
 
 def open_nic(device: Optional[str] = None) -> "Nic":
-    """The provider entry point (`phub.rdma.fabric.open_nic`): a `Nic` on "NAME[:PORT]", or on the
+    """The provider entry point (`phub.network.rdma.fabric.open_nic`): a `Nic` on "NAME[:PORT]", or on the
     first usable port. ConfigError with the probe's sentence if there is none."""
     if device is None:
         report = probe()

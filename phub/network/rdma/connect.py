@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from ..errors import ProtocolError
+from ...errors import ProtocolError
 
 FIELD = "rdma"  # the key of the extension in the frames' JSON bodies
 MTUS = (256, 512, 1024, 2048, 4096)

@@ -1,4 +1,4 @@
-"""The server core's side of the verbs data path, for one job (a server data path of `phub.datapath`).
+"""The server core's side of the verbs data path, for one job (a `phub.network.datapath.ServerPath`).
 
 The TCP connection of each (lane, worker) stays: it carries the handshake and every control
 frame. What moves to RDMA is the data:
@@ -27,15 +27,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from ..protocol import wire
-from ..errors import ConfigError, JobFailed, ProtocolError
+from ...protocol import wire
+from ...errors import ConfigError, JobFailed, ProtocolError
+from ..datapath import ServerPath
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
 from .layout import CoreRegistration, WorkerRegistration
 
 
-class CoreVerbs:
-    """One job's verbs data path on one server core (the interface of `datapath.TcpServerPath`).
+class CoreVerbs(ServerPath):
+    """One job's verbs data path on one server core (a `datapath.ServerPath`).
     `state` is the job's `aggregation.JobState`; `devices` maps interface index -> device name
     (missing: the provider's first usable port)."""
 

@@ -1,4 +1,4 @@
-"""The worker's side of the verbs data path (a worker data path of `phub.datapath`, used when the server runs it).
+"""The worker's side of the verbs data path (a `phub.network.datapath.WorkerPath`, when the server runs it).
 
 A worker opens one NIC, and one queue pair per lane, connected in the lane's HELLO/WELCOME. Per
 registered batch it registers one region (`layout.WorkerRegistration`: results, then gradients)
@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from ..chunking import ITEMSIZE, ChunkPlan
-from ..errors import ProtocolError
-from ..protocol.worker import DESTINATION, entry_handle
+from ...chunking import ITEMSIZE, ChunkPlan
+from ...errors import ProtocolError
+from ...protocol.worker import DESTINATION, entry_handle
+from ..datapath import WorkerPath
 from . import connect, immediate
 from .fabric import RECEIVE_DEPTH, Memory, Region, Writer, drain, open_nic
 from .layout import CoreRegistration, WorkerRegistration, core_lanes
@@ -30,8 +31,8 @@ ENV_RDMA_DEVICE = "PHUB_RDMA_DEVICE"  # NAME[:PORT] of the worker's RDMA port (d
 MIN_NAP = 0.0001
 
 
-class WorkerVerbs:
-    """A worker's verbs data path (the interface of `datapath.TcpWorkerPath`).
+class WorkerVerbs(WorkerPath):
+    """A worker's verbs data path (a `datapath.WorkerPath`).
 
     `rows[s]` is this worker's slot row on server s (its rank minus the server's first rank)
     and `workers_here[s]` how many workers that server serves."""

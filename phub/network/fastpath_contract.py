@@ -69,15 +69,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .aggregation import FAST_TABLE_COLUMNS, ChunkState
-from .chunking import Chunk
-from .handle import Handle
-from .hierarchy import RACK_TABLE_COLUMNS
-from .optim import LOOP_PARAMS_FIELDS
-from .protocol.worker import AWAITED_FIELDS, CHUNK_TABLE_COLUMNS, EXPECT_ENTRY_FIELDS
+from ..aggregation import FAST_TABLE_COLUMNS, ChunkState
+from ..chunking import Chunk
+from ..handle import Handle
+from ..hierarchy import RACK_TABLE_COLUMNS
+from ..optim import LOOP_PARAMS_FIELDS
+from ..protocol.worker import AWAITED_FIELDS, CHUNK_TABLE_COLUMNS, EXPECT_ENTRY_FIELDS
 
 try:
-    from . import _fastpath as fastpath
+    from .. import _fastpath as fastpath
 except ImportError:  # not built: every frame takes the Python path
     fastpath = None
 

@@ -1,4 +1,4 @@
-"""The "soft-verbs" provider of `phub.rdma.fabric`: RC queue pairs in software, on one machine.
+"""The "soft-verbs" provider of `phub.network.rdma.fabric`: RC queue pairs in software, on one machine.
 
 A test double that ships with the library: it lets the verbs data path (registration, QP
 connection over the TCP handshake, write-with-immediate into the peer's slots, completion
@@ -28,7 +28,7 @@ import struct
 from collections import deque
 from typing import Dict, List, Optional
 
-from ..errors import ConfigError, JobFailed
+from ...errors import ConfigError, JobFailed
 from .connect import ConnParams
 from .fabric import WC_RDMA_WRITE, WC_RECV_RDMA_WITH_IMM, Completion, Memory, Region, SendCredits, check_write
 

@@ -15,8 +15,8 @@ connection carries the handshake and the control frames.
                queue pair) and REGISTER/READY (each batch's region).
 - `fabric`     what the data path asks of a provider, and what it shares across providers
                (registered memory, send credits, held-back writes, one poll).
-- `serving`    a server core's side, per job (`CoreVerbs`: the server data path of `phub.datapath`).
-- `worker`     a worker's side (`WorkerVerbs`: the worker data path of `phub.datapath`).
+- `core_verbs`  a server core's side, per job (`CoreVerbs`, a `phub.network.datapath.ServerPath`).
+- `worker_verbs` a worker's side (`WorkerVerbs`, a `phub.network.datapath.WorkerPath`).
 - `verbs`      the pyverbs provider (transport "verbs"); pyverbs is imported on first use.
 - `soft`       the software provider (transport "soft-verbs"): the same operations between
                processes of one machine, so the data path runs, and is tested, without RDMA.

@@ -1,4 +1,4 @@
-"""Tests for phub.transport: Links move frames in order, zero-copy into their targets, whether
+"""Tests for phub.network.links: Links move frames in order, zero-copy into their targets, whether
 sends are batched through an outbox (and cut short by a full socket buffer) or sent at once."""
 import collections
 import selectors
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from phub.errors import ProtocolError
-from phub import transport
-from phub.transport import Link, _consume, flush_links, send_queued_python
+from phub.network import links
+from phub.network.links import Link, _consume, flush_links, send_queued_python
 from phub.protocol.wire import Kind, pack_header
 
 CHUNK_BYTES = 32768
@@ -79,8 +79,8 @@ def test_what_a_send_took_leaves_the_queue_and_a_part_cut_short_leaves_its_tail(
 
 
 SENDERS = [pytest.param(send_queued_python, id="python")]
-if transport.send_queued is not send_queued_python:
-    SENDERS.append(pytest.param(transport.send_queued, id="C"))
+if links.send_queued is not send_queued_python:
+    SENDERS.append(pytest.param(links.send_queued, id="C"))
 
 
 def mixed_parts(count: int, rng) -> list:
@@ -160,7 +160,7 @@ def test_a_peer_that_lets_more_than_the_bound_pile_up_is_dropped_saying_why():
         link.send(b"more")  # ignored: the link is being dropped
         assert not link.outq
         [(key, _)] = selector.select(timeout=5)  # the owner's loop hears of it without the peer
-        with pytest.raises(transport.LinkClosed, match="stopped reading what it is sent") as info:
+        with pytest.raises(links.LinkClosed, match="stopped reading what it is sent") as info:
             key.data.service(selectors.EVENT_READ)
         assert info.value.midframe
     finally:

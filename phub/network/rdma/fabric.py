@@ -2,8 +2,8 @@
 
 Two providers implement one small interface (a registry picks one by transport name):
 
-    transport "verbs"       `phub.rdma.verbs`: real queue pairs through pyverbs (needs a device)
-    transport "soft-verbs"  `phub.rdma.soft`: the same operations in software, between processes
+    transport "verbs"       `phub.network.rdma.verbs`: real queue pairs through pyverbs (needs a device)
+    transport "soft-verbs"  `phub.network.rdma.soft`: the same operations in software, between processes
                             of one machine (the test double: it runs the whole data path here)
 
     nic = open_nic(transport, device)     one device port: protection domain + completion queue
@@ -33,12 +33,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..errors import ConfigError, ProtocolError
+from ...errors import ConfigError, ProtocolError
 
 # Work completion opcodes of <infiniband/verbs.h> (ibv_wc_opcode); receive opcodes have bit 7 set.
 WC_RDMA_WRITE = 1
 WC_RECV_RDMA_WITH_IMM = 129
-PROVIDERS = {"verbs": "phub.rdma.verbs", "soft-verbs": "phub.rdma.soft"}
+PROVIDERS = {"verbs": "phub.network.rdma.verbs", "soft-verbs": "phub.network.rdma.soft"}
 RECEIVE_DEPTH = 1024  # receive requests kept posted per queue pair
 
 
