@@ -1,4 +1,4 @@
-"""Builds the C extensions: phub._fastkernels (see phub/kernels.py for why C, not numba) and
+"""Builds the C extensions: phub._fastkernels (see phub/reduction/kernels.py for why C, not numba) and
 phub._fastpath (the C loops of a server core and of a worker, see phub/_fastpath.c)."""
 from setuptools import Extension, setup
 

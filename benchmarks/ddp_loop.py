@@ -110,7 +110,7 @@ def run_worker() -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import phub
-    from phub import optim
+    from phub.reduction import optim
     from phub.integrations import torch as phub_torch
     from phub.integrations._common import ensure_optimizer
 

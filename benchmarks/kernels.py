@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-from phub.kernels import get_backend  # noqa: E402
+from phub.reduction.kernels import get_backend  # noqa: E402
 
 RESNET50_PARAMS = 25_549_486
 CHUNK = 8192

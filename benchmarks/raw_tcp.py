@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from experiments.monitor import Stolen, median_share, stolen_words
-from phub.kernels import for_owned_buffers, get_backend
+from phub.reduction.kernels import for_owned_buffers, get_backend
 
 ECHO_BUFFER = 1 << 20  # the receiver's read size: large, so system calls cost next to nothing
 TCP_ITERATIONS = 8  # timed round trips of the whole model per repeat (after one warm-up)

@@ -14,7 +14,7 @@ worker's push of the model spreads over the system's *endpoints* (what one serve
   ps-lite sends one message per (key, server) part. Neither ps-lite nor its ZeroMQ van has a
   size knob (DMLC_PS_WATER_MARK, unset here, counts messages), so the bound is MXNet's only one.
 * **phub, pshard**: one endpoint per (server, interface), in that order: phub's own plan
-  (`phub.chunking.ChunkPlan`, one registration batch as the benchmark's workers make) with the
+  (`phub.reduction.chunking.ChunkPlan`, one registration batch as the benchmark's workers make) with the
   run's chunk bytes, interfaces, cores and lanes per pair; one message per chunk. With several
   racks each worker pushes to its own rack's PBox, so the endpoints are one PBox's interfaces.
 * **gloo-ring**: no servers; the equivalent is one endpoint per rank: the bytes that rank sends
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import FrozenSet, List, Mapping, Sequence, Tuple
 
-from phub.chunking import ChunkPlan, Topology
+from phub.reduction.chunking import ChunkPlan, Topology
 from phub.errors import ConfigError
 
 ITEMSIZE = 4  # float32, every system

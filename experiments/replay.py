@@ -32,8 +32,8 @@ from typing import List, Optional
 
 import numpy as np
 
-from phub.kernels import get_backend
-from phub.optim import NAG
+from phub.reduction.kernels import get_backend
+from phub.reduction.optim import NAG
 
 from .models import Model, compute_schedule
 from .monitor import wait_for_sample

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from phub.chunking import DEFAULT_CHUNK_BYTES
+from phub.reduction.chunking import DEFAULT_CHUNK_BYTES
 from phub.cluster import Cluster
 from phub.errors import ConfigError, PHubError
 

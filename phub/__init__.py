@@ -6,10 +6,10 @@
     kv.set_optimizer(phub.NAG(learning_rate=0.1, momentum=0.9))
     kv.pushpull(key, grad, out=weights)    # push a gradient, receive the new weights
 """
-from .chunking import ChunkPlan, Topology
+from .reduction.chunking import ChunkPlan, Topology
 from .client import Client, Handle, connect
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
-from .optim import NAG, SGD, Aggregate, Optimizer
+from .reduction.optim import NAG, SGD, Aggregate, Optimizer
 from .config import JobSpec, ServerConfig
 from .server import Server
 

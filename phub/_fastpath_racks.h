@@ -1,5 +1,5 @@
 /*
- * phub._fastpath, continued: the cross-rack rounds of a rack's server in C (phub/hierarchy.py
+ * phub._fastpath, continued: the cross-rack rounds of a rack's server in C (phub/reduction/hierarchy.py
  * says what they are; HierarchicalJobState keeps the state these loops read and write).
  *
  * `rack_rounds_done` takes the local rounds drain_pushes completed on a rack's server, as

@@ -2,7 +2,7 @@
  * phub._fastkernels: the server's float32 hot loops (aggregation and optimizer passes).
  *
  * Why C rather than numba, and the exact float32 operation order each kernel follows, are
- * documented in phub/kernels.py; its `reference` backend is the pure-numpy specification these
+ * documented in phub/reduction/kernels.py; its `reference` backend is the pure-numpy specification these
  * loops must match bit for bit. That is why setup.py builds this file with -ffp-contract=off (no
  * fused multiply-add) and why no -ffast-math style flag may ever be added: every operation here
  * must round exactly like the corresponding numpy float32 operation.
@@ -10,7 +10,7 @@
  * Arguments arrive through the buffer protocol (no numpy C API, so the extension does not depend
  * on the numpy ABI). Each buffer must be contiguous, hold a whole number of float32 values, be
  * float32-aligned, and all buffers of one call must have the same length. Checking the dtype is
- * the caller's job (phub/kernels.py does it): a buffer carries no element type under PyBUF_SIMPLE.
+ * the caller's job (phub/reduction/kernels.py does it): a buffer carries no element type under PyBUF_SIMPLE.
  *
  * The loops (in _kernels.h, which phub/_fastpath.c shares) are plain element-wise loops that gcc
  * -O3 auto-vectorizes; each reads and writes every element once. The pointers are not declared
@@ -145,7 +145,7 @@ fk_aggregate(PyObject *self, PyObject *args)
 
 PyDoc_STRVAR(nag_doc,
 "nag(weight, mom, acc, last, lr, momentum, wd, rescale_grad, clip_gradient)\n--\n\n"
-"MXNet's NAG update fused with the final aggregation step; see phub.kernels.");
+"MXNet's NAG update fused with the final aggregation step; see phub.reduction.kernels.");
 
 static PyObject *
 fk_nag(PyObject *self, PyObject *args)
@@ -177,7 +177,7 @@ fk_nag(PyObject *self, PyObject *args)
 PyDoc_STRVAR(sgd_doc,
 "sgd(weight, mom, acc, last, lr, momentum, wd, rescale_grad, clip_gradient)\n--\n\n"
 "SGD (with momentum when mom is not None) fused with the final aggregation step;\n"
-"see phub.kernels.");
+"see phub.reduction.kernels.");
 
 static PyObject *
 fk_sgd(PyObject *self, PyObject *args)
@@ -265,7 +265,7 @@ static PyMethodDef fk_methods[] = {
 static struct PyModuleDef fk_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "phub._fastkernels",
-    .m_doc = "float32 aggregation and optimizer kernels for the PHub server (see phub.kernels).",
+    .m_doc = "float32 aggregation and optimizer kernels for the PHub server (see phub.reduction.kernels).",
     .m_size = -1,
     .m_methods = fk_methods,
 };

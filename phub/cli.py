@@ -8,7 +8,7 @@ import signal
 import sys
 from typing import List, Optional
 
-from .chunking import DEFAULT_CHUNK_BYTES
+from .reduction.chunking import DEFAULT_CHUNK_BYTES
 from .config import TRANSPORTS
 from .network.datapath import DEFAULT_TRANSPORT
 from .errors import ConfigError, PHubError
@@ -43,7 +43,7 @@ def int_in(low: int, high: int):
 
 def frame_chunk_bytes(text: str) -> int:
     """An argparse type: a chunk size a frame can carry (whole float32 elements)."""
-    from .chunking import ITEMSIZE, MAX_CHUNK_BYTES
+    from .reduction.chunking import ITEMSIZE, MAX_CHUNK_BYTES
 
     value = int(text)
     if not ITEMSIZE <= value <= MAX_CHUNK_BYTES or value % ITEMSIZE:

@@ -1,6 +1,6 @@
 """The worker side: `phub.connect()` and the key-value API a training loop calls.
 
-A `Client` holds one connection per lane (see chunking.py) and a background I/O thread that
+A `Client` holds one connection per lane (see reduction/chunking.py) and a background I/O thread that
 drives all of them, so a caller can hand over a layer's gradient as soon as backward produces it
 (`pushpull_async`) and keep computing while its chunks are in flight. Results are written by the
 I/O thread straight into the caller's output array, chunk by chunk, as the server pushes them:
@@ -26,7 +26,7 @@ import numpy as np
 
 from . import exiting
 from .protocol import wire
-from .chunking import ChunkPlan, Topology
+from .reduction.chunking import ChunkPlan, Topology
 from .clientloop import ClientLoop
 from .protocol.worker import WorkerProtocol, awaited_by, expect_entry
 from .network.datapath import DEFAULT_TRANSPORT, worker_path
@@ -36,7 +36,7 @@ from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from .network.fastpath_contract import fastpath
 from .handle import Handle
 from .protocol.messages import MAX_WORKERS
-from .optim import Optimizer
+from .reduction.optim import Optimizer
 from .network.links import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
                             recv_control, staging_capacity)
 

@@ -6,7 +6,7 @@ import socket
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from .chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
+from .reduction.chunking import DEFAULT_CHUNK_BYTES, Topology, chunk_elements
 from .network.datapath import DEFAULT_TRANSPORT, PATHS
 from .errors import ConfigError
 
@@ -114,7 +114,7 @@ class ServerConfig:
     report_joins: bool = False  # print JSON lines on stdout for the launcher: a rank connected, a job failed
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # see connect_wait
     # > 1: this one PBox stands in for that many racks, as the paper measured beyond a rack
-    # (phub.hierarchy.SimulatedRacksJobState); not with peers
+    # (phub.reduction.hierarchy.SimulatedRacksJobState); not with peers
     simulated_racks: int = 1
 
     def __post_init__(self):

@@ -17,7 +17,7 @@ from typing import List
 
 from .config import Endpoint, ServerConfig
 from .errors import ConfigError, JobFailed, ProtocolError
-from .kernels import for_owned_buffers, get_backend
+from .reduction.kernels import for_owned_buffers, get_backend
 from .protocol.core import CoreProtocol
 from .network.links import Link, LinkClosed, StagedLink, flush_links, staging_capacity
 

@@ -61,7 +61,7 @@ def worker() -> int:
 def run() -> dict:
     """Run the check (blocks for at most `TIME_LIMIT` seconds); the JSON row `phub selftest` prints."""
     from .config import JobSpec, ServerConfig
-    from .kernels import FAST_AVAILABLE
+    from .reduction.kernels import FAST_AVAILABLE
     from .launch import run_job
 
     config = ServerConfig(jobs=(JobSpec(0, WORKERS),), cores=2, once=True, timeout=60.0)

@@ -4,11 +4,11 @@ the answer). Every rule once, with the culprit named in the message."""
 import pytest
 
 from phub.protocol import messages
-from phub.aggregation import JobState
-from phub.chunking import Topology
+from phub.reduction.aggregation import JobState
+from phub.reduction.chunking import Topology
 from phub.config import JobSpec
 from phub.errors import ProtocolError
-from phub.kernels import get_backend
+from phub.reduction.kernels import get_backend
 from phub.protocol.jobs import Job
 
 LIMITS = messages.Limits(job_ids=frozenset({7}), cores=1, racks=2)

@@ -1,14 +1,14 @@
-"""The aggregation state machine of one core (phub.aggregation.JobState), driven directly: no
+"""The aggregation state machine of one core (phub.reduction.aggregation.JobState), driven directly: no
 sockets, no processes. Frames are headers plus bytes written where the state machine says they
 go; every transition and every refusal is checked, and every result against the closed form."""
 import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.aggregation import JobState, ReadyLane, Result
-from phub.chunking import Topology
-from phub.kernels import get_backend
-from phub.optim import SGD, Aggregate
+from phub.reduction.aggregation import JobState, ReadyLane, Result
+from phub.reduction.chunking import Topology
+from phub.reduction.kernels import get_backend
+from phub.reduction.optim import SGD, Aggregate
 from conftest import refused
 
 CHUNK_BYTES = 1024  # 256 floats: the arrays below span several chunks and lanes

@@ -1,4 +1,4 @@
-"""Tests for phub.chunking: chunk sizes, greedy lane balancing (checked against its bound and
+"""Tests for phub.reduction.chunking: chunk sizes, greedy lane balancing (checked against its bound and
 step by step), determinism across processes, the lane layout, argument checks, and the real
 model layouts in experiments/data/layouts."""
 import csv
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from phub.chunking import DEFAULT_CHUNK_BYTES, ITEMSIZE, ChunkPlan, Topology
+from phub.reduction.chunking import DEFAULT_CHUNK_BYTES, ITEMSIZE, ChunkPlan, Topology
 from phub.errors import ConfigError
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "experiments" / "data" / "layouts"
@@ -166,7 +166,7 @@ def test_key_chunks_cover_each_array_exactly_once_in_order(seed):
 
 BUILD_SRC = '''
 import hashlib, json, random
-from phub.chunking import ChunkPlan, Topology
+from phub.reduction.chunking import ChunkPlan, Topology
 def build_digest():
     rng = random.Random(7)
     plan = ChunkPlan(Topology(interfaces=3, cores=4, lanes_per_pair=2), chunk_bytes=4096)

@@ -13,11 +13,11 @@ import pytest
 
 import phub
 from phub.protocol import wire
-from phub.aggregation import JobState
-from phub.chunking import Topology
-from phub.kernels import for_owned_buffers, get_backend
+from phub.reduction.aggregation import JobState
+from phub.reduction.chunking import Topology
+from phub.reduction.kernels import for_owned_buffers, get_backend
 from phub.network.tcp import TcpServerPath
-from phub.optim import NAG, SGD, Aggregate
+from phub.reduction.optim import NAG, SGD, Aggregate
 from phub.network.links import StagedLink
 from test_links import tcp_pair
 

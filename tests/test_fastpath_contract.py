@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.aggregation import ChunkState
-from phub.optim import LOOP_PARAMS_FIELDS, NAG
+from phub.reduction.aggregation import ChunkState
+from phub.reduction.optim import LOOP_PARAMS_FIELDS, NAG
 from phub.protocol import worker
 
 fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.optim import NAG, SGD
+from phub.reduction.optim import NAG, SGD
 from test_hierarchy import SHAPE, Racks, expected, gradient
 
 fastpath = pytest.importorskip("phub._fastpath", reason="the C extension phub._fastpath is not built")

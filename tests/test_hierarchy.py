@@ -1,4 +1,4 @@
-"""Two-phase reduction (phub.hierarchy.HierarchicalJobState), driven directly: one state machine
+"""Two-phase reduction (phub.reduction.hierarchy.HierarchicalJobState), driven directly: one state machine
 per (rack, core) of PBoxes with several cores and interfaces, joined by in-memory links, one per
 (rack pair, core, interface), that deliver in a random (seeded) interleaving instead of sockets.
 Every rack must end with rack 0's initial weights, the same bit-identical weights after every
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.aggregation import ReadyLane, Result
-from phub.chunking import ChunkPlan, Topology
-from phub.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
-                            SimulatedRacksJobState, owner_racks)
-from phub.kernels import get_backend
-from phub.optim import SGD
+from phub.reduction.aggregation import ReadyLane, Result
+from phub.reduction.chunking import ChunkPlan, Topology
+from phub.reduction.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
+                                      SimulatedRacksJobState, owner_racks)
+from phub.reduction.kernels import get_backend
+from phub.reduction.optim import SGD
 from conftest import refused
 
 CHUNK_BYTES = 512  # 128 floats

@@ -1,12 +1,12 @@
-"""Tests for phub.kernels: the numpy reference against hand-worked values and an independent
+"""Tests for phub.reduction.kernels: the numpy reference against hand-worked values and an independent
 element-by-element oracle, the C backend bit for bit against the reference, and argument checks."""
 import warnings
 
 import numpy as np
 import pytest
 
-from phub import kernels
-from phub.kernels import FAST_AVAILABLE, get_backend, reference
+from phub.reduction import kernels
+from phub.reduction.kernels import FAST_AVAILABLE, get_backend, reference
 
 F32 = np.float32
 SIZES = [1, 7, 8192, 8193, 100003]

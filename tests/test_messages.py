@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from phub.protocol import messages
 from phub.errors import ProtocolError
-from phub.optim import NAG, SGD
+from phub.reduction.optim import NAG, SGD
 
 LIMITS = messages.Limits(frozenset({0, 1}), cores=2, racks=2, chunk_bytes=32768, max_job_bytes=1 << 24, interfaces=2)
 HELLO = {"job": 1, "token": "t", "rank": 0, "num_workers": 2, "lane": 0, "shard": 0, "shards": 1}

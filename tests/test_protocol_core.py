@@ -10,8 +10,8 @@ import pytest
 from phub.protocol import wire
 from phub.config import JobSpec, ServerConfig
 from phub.errors import ConfigError, ProtocolError
-from phub.kernels import get_backend
-from phub.optim import SGD
+from phub.reduction.kernels import get_backend
+from phub.reduction.optim import SGD
 from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
 from phub.protocol.core import CoreProtocol, drain_pushes
 from phub.testing import FakeClock, MemoryConnection, feed, frames_of

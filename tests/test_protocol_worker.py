@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.chunking import ChunkPlan, Topology
+from phub.reduction.chunking import ChunkPlan, Topology
 from phub.network.tcp import TcpWorkerPath
 from phub.errors import JobFailed, PHubError, ProtocolError
 from phub.handle import Handle

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from phub.protocol import wire
-from phub.aggregation import JobState, Result
-from phub.chunking import ChunkPlan, Topology
+from phub.reduction.aggregation import JobState, Result
+from phub.reduction.chunking import ChunkPlan, Topology
 from phub.errors import ConfigError, ProtocolError
-from phub.kernels import get_backend
+from phub.reduction.kernels import get_backend
 from phub.network.rdma import immediate
 from phub.network.rdma.layout import PAGE_BYTES, CoreRegistration, WorkerRegistration, core_lanes, remote_slots
 

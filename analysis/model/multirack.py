@@ -1,5 +1,5 @@
 """phub's racks on the wire in the replay (`Job.racks` R > 1): a PBox per rack, reduce-scatter and
-all-gather between them, as `phub.hierarchy` runs it.
+all-gather between them, as `phub.reduction.hierarchy` runs it.
 
 The workers are spread evenly over the racks (worker w in rack w // (workers / R)); each rack's
 PBox (its K interfaces as one link of K times the rate, as in one rack) aggregates its workers'

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 from experiments.softcost import gloo_segments
-from phub.chunking import ChunkPlan, Topology
+from phub.reduction.chunking import ChunkPlan, Topology
 
 if TYPE_CHECKING:
     from .replay import Job

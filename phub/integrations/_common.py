@@ -4,7 +4,7 @@ from __future__ import annotations
 import weakref
 
 from ..client import Client
-from ..optim import Optimizer
+from ..reduction.optim import Optimizer
 
 # The optimizer each client last sent. It lives per client, not per integration object, because
 # the server keeps one optimizer per job: two kvstores (or a hook and an optimizer) sharing a

@@ -54,7 +54,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from .. import exiting, optim
+from .. import exiting
+from ..reduction import optim
 from ..client import ENV_SERVER, Client, connect
 from ..errors import ConfigError
 from ..fileio import atomic_write

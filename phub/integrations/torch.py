@@ -39,7 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import exiting, optim
+from .. import exiting
+from ..reduction import optim
 from ..client import Client, connect
 from ..errors import ConfigError, PHubError
 from ._common import ensure_optimizer

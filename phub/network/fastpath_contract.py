@@ -69,11 +69,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ..aggregation import FAST_TABLE_COLUMNS, ChunkState
-from ..chunking import Chunk
+from ..reduction.aggregation import FAST_TABLE_COLUMNS, ChunkState
+from ..reduction.chunking import Chunk
 from ..handle import Handle
-from ..hierarchy import RACK_TABLE_COLUMNS
-from ..optim import LOOP_PARAMS_FIELDS
+from ..reduction.hierarchy import RACK_TABLE_COLUMNS
+from ..reduction.optim import LOOP_PARAMS_FIELDS
 from ..protocol.worker import AWAITED_FIELDS, CHUNK_TABLE_COLUMNS, EXPECT_ENTRY_FIELDS
 
 try:

@@ -112,7 +112,7 @@ class Link:
 
     def send(self, *parts) -> None:
         """Queue `parts` (bytes or byte memoryviews) for sending. The parts must stay unchanged
-        until sent (see aggregation.py). Never raises: a failed send shows up as LinkClosed when
+        until sent (see reduction/aggregation.py). Never raises: a failed send shows up as LinkClosed when
         the link is next read."""
         if self.closed:
             return

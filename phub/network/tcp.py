@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..chunking import ITEMSIZE
+from ..reduction.chunking import ITEMSIZE
 from ..protocol import wire
 from .datapath import ServerPath, WorkerPath
 

@@ -10,5 +10,5 @@ side's I/O loop and tested by feeding it frames (`phub.testing`):
 - `worker`        `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
                   driven by the client's I/O thread (`phub.clientloop`)
 - `jobs`          what a core knows of a job and of a connection; `admission`: strangers
-- `phub.aggregation`, `phub.hierarchy`: the per-chunk state machines the server side feeds
+- `phub.reduction.aggregation`, `phub.reduction.hierarchy`: the per-chunk state machines the server side feeds
 """

@@ -17,8 +17,8 @@ machine in one module): what a frame may do is read in one place, not across mix
 A connection's life: accepted (a stranger: small frames only, a deadline) -> HELLO (typed and
 bounded by `messages.hello`, then `Job.refusal` / `Job.lane_refusal`) -> WELCOME, or ERROR and
 closed -> REGISTER / INIT / OPTIMIZER / PUSH ... (the job's aggregation state machine,
-aggregation.py or hierarchy.py, decides; its events become RESULT / READY / PARTIAL / TOTAL frames) ->
-BYE (the worker is done) or a failure. A failure of any connection of a job fails the job:
+reduction/aggregation.py or reduction/hierarchy.py, decides; its events become RESULT / READY /
+PARTIAL / TOTAL frames) -> BYE (the worker is done) or a failure. A failure of any connection of a job fails the job:
 every connection of it gets an ERROR naming the cause and is closed; the core serves on.
 """
 from __future__ import annotations
@@ -29,13 +29,13 @@ import time
 from typing import Callable, Dict, Optional
 
 from . import messages, wire
-from ..aggregation import ChunkState, JobState, ReadyLane, Result
+from ..reduction.aggregation import ChunkState, JobState, ReadyLane, Result
 from ..config import ServerConfig, check_peer
 from ..network.datapath import server_path, server_path_class
 from ..errors import ConfigError, JobFailed, ProtocolError
 from ..network.fastpath_contract import fastpath
-from ..hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
-                         SimulatedRacksJobState)
+from ..reduction.hierarchy import (HierarchicalJobState, SendPartial, SendPeerInit, SendPeerReady, SendTotal,
+                                   SimulatedRacksJobState)
 from .admission import HANDSHAKE_SECONDS, Strangers
 from .jobs import QUEUE_SLACK, Job, Peer, RefusalLog
 
@@ -599,7 +599,7 @@ class CoreProtocol:
     def _to_rack(self, job: Job, rack: int, interface: int, *parts) -> None:
         """Send on the link to `rack` on `interface`; if that (lower) rack has not connected it yet,
         it gets the parts when it does (nothing it is sent can change before then: a chunk's
-        buffers are rewritten only once the other racks have what was sent of it, hierarchy.py)."""
+        buffers are rewritten only once the other racks have what was sent of it, reduction/hierarchy.py)."""
         conn = job.peer_links.get((rack, interface))
         if conn is not None:
             conn.send(*parts)

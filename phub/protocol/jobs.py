@@ -10,9 +10,9 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import wire
-from ..aggregation import ChunkState, JobState
+from ..reduction.aggregation import ChunkState, JobState
 from ..config import JobSpec
-from ..hierarchy import HierarchicalJobState, SimulatedRacksJobState
+from ..reduction.hierarchy import HierarchicalJobState, SimulatedRacksJobState
 
 Connection = object  # send(*parts), finish(last, discard_queued), close(), closed, limit_control(n), limit_queue(n)
 

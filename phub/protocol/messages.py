@@ -18,7 +18,7 @@ from typing import Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 from ..config import DEFAULT_MAX_JOB_BYTES
 from ..errors import ConfigError, ProtocolError
-from ..optim import OPTIMIZERS, Optimizer, optimizer_from_dict
+from ..reduction.optim import OPTIMIZERS, Optimizer, optimizer_from_dict
 
 MAX_ID = 2**32 - 1  # job ids, ranks: what a frame header can carry
 MAX_WORKERS = 4096  # as JobSpec

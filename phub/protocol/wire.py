@@ -65,7 +65,7 @@ class Kind(enum.IntEnum):
     STATE = 15  # data: one chunk's optimizer state (the momentum, zeros if none): server -> the
     # worker that asked; a server's first worker -> server, to resume from a checkpoint
     TOTAL = 16  # a chunk's owner rack's server -> the other racks' servers, data: the chunk summed
-    # over every rack (phub.hierarchy)
+    # over every rack (phub.reduction.hierarchy)
 
 
 DATA_KINDS = frozenset({Kind.INIT, Kind.PUSH, Kind.RESULT, Kind.PARTIAL, Kind.STATE, Kind.TOTAL})

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import phub
-from phub.optim import optimizer_from_dict
+from phub.reduction.optim import optimizer_from_dict
 
 
 def pattern(size, seed, period=11, scale=1 / 32):

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ...chunking import ITEMSIZE, Chunk, ChunkPlan
+from ...reduction.chunking import ITEMSIZE, Chunk, ChunkPlan
 from ...errors import ConfigError
 from . import immediate
 

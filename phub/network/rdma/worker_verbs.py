@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
-from ...chunking import ITEMSIZE, ChunkPlan
+from ...reduction.chunking import ITEMSIZE, ChunkPlan
 from ...errors import ProtocolError
 from ...protocol.worker import DESTINATION, entry_handle
 from ..datapath import WorkerPath

@@ -28,10 +28,10 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from .protocol import wire
+from ..protocol import wire
 from .aggregation import ChunkState, JobState
 from .chunking import Chunk, Topology
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 # HierarchicalJobState.rack_table's columns, by chunk id: the rack that sums the chunk (-1: another
 # core's chunk), the racks whose partial of this round is in (a bit each), the chunk's interface.

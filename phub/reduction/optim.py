@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Dict, Type
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LOOP_NAG, LOOP_SGD = 1, 2  # the optimizers phub/_fastpath.c runs itself (its OPT_NAG, OPT_SGD)
 # What `Optimizer.loop_params` returns, in this order; the C loops read the fields by these names

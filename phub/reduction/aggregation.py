@@ -25,9 +25,9 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 
-from .protocol import wire
+from ..protocol import wire
 from .chunking import Chunk, ChunkPlan, Topology
-from .errors import ProtocolError
+from ..errors import ProtocolError
 from .optim import Aggregate, Optimizer
 
 # JobState.fast_table's columns, by chunk id: the chunk's lane here (-1: another core's), its

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Dict, Hashable, Iterable, List, Sequence, Tuple
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DEFAULT_CHUNK_BYTES = 32 * 1024
 ITEMSIZE = 4  # float32
