@@ -158,7 +158,7 @@ def _rate_worker(address: str, rank: int, workers: int, elements: int, iteration
 def core_rate(chunk_bytes: int, chunks: int, workers: int) -> dict:
     """One server core's pushes per second of its own CPU time (and per wall second), compute removed."""
     from phub.config import JobSpec, ServerConfig
-    from phub.server import Server
+    from phub.server.processes import Server
 
     server = Server(ServerConfig(jobs=(JobSpec(num_workers=workers),), interfaces=(LOOPBACK,),
                                  chunk_bytes=chunk_bytes, once=True, timeout=120)).start()

@@ -11,7 +11,7 @@ from .client import Client, Handle, connect
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .reduction.optim import NAG, SGD, Aggregate, Optimizer
 from .config import JobSpec, ServerConfig
-from .server import Server
+from .server.processes import Server
 
 __version__ = "0.1.0"
 

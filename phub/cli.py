@@ -139,7 +139,7 @@ def _server_config(args, jobs, once: bool):
 
 def cmd_server(args) -> int:
     from .config import JobSpec
-    from .server import Server
+    from .server.processes import Server
 
     jobs = [JobSpec.parse(text) for text in args.job] or [JobSpec(0, args.workers)]
     server = Server(_server_config(args, jobs, args.once)).start()

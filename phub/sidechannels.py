@@ -1,7 +1,7 @@
 """What travels beside the gradients: values rank 0 shares with every worker (`share`, a
 rendezvous for what is not a tensor) and the server's optimizer state for checkpoints
 (`optimizer_state`, `load_optimizer_state`). Mixed into `phub.client.Client`; the I/O thread's
-side is in protocol/worker.py, the server's in protocol/server.py.
+side is in protocol/worker.py, the server's in protocol/core.py.
 """
 from __future__ import annotations
 

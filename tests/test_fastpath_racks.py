@@ -53,7 +53,7 @@ class PythonRacks(Racks):
 
 class CRacks(PythonRacks):
     """The bus of test_hierarchy with each rack's pushes and rack frames taken by the C loops, as
-    a server core's staged links take them (protocol/server.py, fast_pushes)."""
+    a server core's staged links take them (protocol/core.py, fast_pushes)."""
 
     def __init__(self, racks, optimizer, seed=0, gradient=gradient):
         super().__init__(racks, optimizer, seed, gradient)

@@ -54,10 +54,10 @@ Every field the C side reads (r) or writes (w):
   rack_table     arrived         int64 (a bit per rack)         rw  hierarchy.RACK_TABLE_COLUMNS
   rack_table     interface       int64                          r   hierarchy.RACK_TABLE_COLUMNS
   local round    state           ChunkState                     w   LOCAL_ROUND_FIELDS here: drain_pushes builds
-  local round    acc             float32 buffer                 w     it; protocol.server and rack_rounds_done read
+  local round    acc             float32 buffer                 w     it; protocol.core and rack_rounds_done read
   local round    last            float32 buffer or None         w     it (`last` may view the staging buffer)
   rack total     state           ChunkState                     w   RACK_TOTAL_FIELDS here: the rack loops build
-  rack total     total           float32 row                    w     it; protocol.server unpacks it
+  rack total     total           float32 row                    w     it; protocol.core unpacks it
 
 The tables are JobState.fast_table, WorkerProtocol.chunk_table and HierarchicalJobState.rack_table.
 The arguments of each loop (tables, lists, dicts) are in its docstring; the wire format is

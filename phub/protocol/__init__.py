@@ -6,7 +6,7 @@ side's I/O loop and tested by feeding it frames (`phub.testing`):
 - `wire`          framing: the 32-byte header, data and control frames, `FrameReceiver`
 - `messages`      one validator per control message (types and bounds, ProtocolError naming the field)
 - `core`          `CoreProtocol`: one server core's connections and jobs (handshake, frames,
-                  BYE, failures, stalls, the links to other racks); driven by `phub.core`
+                  BYE, failures, stalls, the links to other racks); driven by `phub.server.coreloop`
 - `worker`        `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
                   driven by the client's I/O thread (`phub.clientloop`)
 - `jobs`          what a core knows of a job and of a connection; `admission`: strangers

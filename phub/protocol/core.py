@@ -2,7 +2,7 @@
 
 `CoreProtocol` is handed connections (objects that queue bytes: `send`, `finish`, `close`; a
 `links.Link` in a server, `phub.testing.MemoryConnection` in a test) and the frames that
-arrive on them; it answers by sending on them. The core's loop (`phub.core`) only moves bytes:
+arrive on them; it answers by sending on them. The core's loop (`phub.server.coreloop`) only moves bytes:
 
     connection_made(conn, interface, address)    a worker or another rack connected (or refuse)
     payload_target(conn, header) -> memoryview   where a data frame's payload must land

@@ -1,4 +1,4 @@
-"""What one server core knows about each job and each connection (no I/O; see server.py).
+"""What one server core knows about each job and each connection (no I/O; see core.py).
 
 A connection here is whatever object the core's loop hands the protocol for it: a
 `links.Link` in a server, a `phub.testing.MemoryConnection` in a test.

@@ -17,8 +17,8 @@ import sys
 import time
 from typing import List, Optional
 
-from .config import Endpoint, JobSpec, ServerConfig
-from .core import Core, _log
+from ..config import Endpoint, JobSpec, ServerConfig
+from .coreloop import Core, _log
 
 __all__ = ["Server", "ServerConfig", "JobSpec"]
 
@@ -58,7 +58,7 @@ class Server:
 
         ConfigError (with `phub doctor`'s explanation) if the configured transport cannot run here.
         """
-        from .doctor import require_transport  # probes RDMA only when the verbs transport is asked for
+        from ..doctor import require_transport  # probes RDMA only when the verbs transport is asked for
 
         require_transport(self.config.transport)
         listeners: List[List[socket.socket]] = []

@@ -1,8 +1,8 @@
 """One server core's I/O loop: sockets in, bytes out; every decision is the protocol's.
 
-Each core runs in its own process (see server.py). It accepts connections on every interface,
+Each core runs in its own process (see processes.py). It accepts connections on every interface,
 wraps each in a `links.Link` (a `StagedLink` when the C push loop can take its pushes) and
-hands the protocol (`protocol.server.CoreProtocol`) what happens on it: a connection, a frame,
+hands the protocol (`protocol.core.CoreProtocol`) what happens on it: a connection, a frame,
 a loss, a bad frame. The protocol answers by sending on the links; this loop flushes them once
 per round of events, polls the RDMA data paths and lets the protocol check its clocks.
 """
@@ -15,11 +15,11 @@ import sys
 import time
 from typing import List
 
-from .config import Endpoint, ServerConfig
-from .errors import ConfigError, JobFailed, ProtocolError
-from .reduction.kernels import for_owned_buffers, get_backend
-from .protocol.core import CoreProtocol
-from .network.links import Link, LinkClosed, StagedLink, flush_links, staging_capacity
+from ..config import Endpoint, ServerConfig
+from ..errors import ConfigError, JobFailed, ProtocolError
+from ..reduction.kernels import for_owned_buffers, get_backend
+from ..protocol.core import CoreProtocol
+from ..network.links import Link, LinkClosed, StagedLink, flush_links, staging_capacity
 
 
 def _log(message: str) -> None:
