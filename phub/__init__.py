@@ -7,7 +7,8 @@
     kv.pushpull(key, grad, out=weights)    # push a gradient, receive the new weights
 """
 from .reduction.chunking import ChunkPlan, Topology
-from .client import Client, Handle, connect
+from .client.api import Client, connect
+from .client.handle import Handle
 from .errors import ConfigError, JobFailed, PHubError, PHubTimeout, ProtocolError
 from .reduction.optim import NAG, SGD, Aggregate, Optimizer
 from .config import JobSpec, ServerConfig

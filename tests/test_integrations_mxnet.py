@@ -21,7 +21,7 @@ import pytest
 mx = pytest.importorskip("mxnet", reason="mxnet is not installed (pip install -e '.[test]')")
 
 import phub  # noqa: E402
-from phub.client import ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_WORKERS  # noqa: E402
+from phub.client.api import ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_WORKERS  # noqa: E402
 from workers.mxnet_worker import SCENARIOS, train  # noqa: E402
 
 WORKER = str(Path(__file__).parent / "workers" / "mxnet_worker.py")

@@ -8,7 +8,7 @@ from phub.protocol import wire
 from phub.reduction.chunking import ChunkPlan, Topology
 from phub.network.tcp import TcpWorkerPath
 from phub.errors import JobFailed, PHubError, ProtocolError
-from phub.handle import Handle
+from phub.client.handle import Handle
 from phub.protocol.worker import ServerReportedError, WorkerProtocol
 from phub.testing import feed, frame_of
 from conftest import refused

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import weakref
 
-from ..client import Client
+from ..client.api import Client
 from ..reduction.optim import Optimizer
 
 # The optimizer each client last sent. It lives per client, not per integration object, because

@@ -54,9 +54,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from .. import exiting
+from ..client import exiting
 from ..reduction import optim
-from ..client import ENV_SERVER, Client, connect
+from ..client.api import ENV_SERVER, Client, connect
 from ..errors import ConfigError
 from ..fileio import atomic_write
 from ._common import ensure_optimizer
@@ -312,7 +312,7 @@ class PHub(KVStoreBase):
     def close(self) -> None:
         """Finish in-flight work and close the client if this store opened it. Idempotent.
         Optional, as with MXNet's stores: a store this process no longer references, and at the
-        latest the process's normal exit, close it the same way (see phub/exiting.py)."""
+        latest the process's normal exit, close it the same way (see phub/client/exiting.py)."""
         if self._owns_client:
             self._client.close()
 

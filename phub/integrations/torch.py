@@ -39,9 +39,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import exiting
+from ..client import exiting
 from ..reduction import optim
-from ..client import Client, connect
+from ..client.api import Client, connect
 from ..errors import ConfigError, PHubError
 from ._common import ensure_optimizer
 

@@ -71,7 +71,7 @@ from typing import Optional
 
 from ..reduction.aggregation import FAST_TABLE_COLUMNS, ChunkState
 from ..reduction.chunking import Chunk
-from ..handle import Handle
+from ..client.handle import Handle
 from ..reduction.hierarchy import RACK_TABLE_COLUMNS
 from ..reduction.optim import LOOP_PARAMS_FIELDS
 from ..protocol.worker import AWAITED_FIELDS, CHUNK_TABLE_COLUMNS, EXPECT_ENTRY_FIELDS

@@ -8,7 +8,7 @@ side's I/O loop and tested by feeding it frames (`phub.testing`):
 - `core`          `CoreProtocol`: one server core's connections and jobs (handshake, frames,
                   BYE, failures, stalls, the links to other racks); driven by `phub.server.coreloop`
 - `worker`        `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
-                  driven by the client's I/O thread (`phub.clientloop`)
+                  driven by the client's I/O thread (`phub.client.ioloop`)
 - `jobs`          what a core knows of a job and of a connection; `admission`: strangers
 - `phub.reduction.aggregation`, `phub.reduction.hierarchy`: the per-chunk state machines the server side feeds
 """

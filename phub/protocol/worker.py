@@ -4,7 +4,7 @@ server core sends does to the operations the worker awaits.
 `WorkerProtocol` keeps what a `phub.Client` waits for: the results of its pushpulls (each
 chunk's destination, and the iteration and `Handle` awaiting it, see `KeyResults`), READYs of
 its registered batches, answers to `optimizer_state`, SHAREd values, the OPTIMIZER echo of an
-RDMA data path. The client's I/O thread (clientloop.py) hands it the frames of each lane:
+RDMA data path. The client's I/O thread (client/ioloop.py) hands it the frames of each lane:
 
     payload_target(header, lane) -> memoryview   where a RESULT / STATE payload lands (checked)
     frame_received(lane, frame)                  a whole frame: count it in, wake its waiters;

@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 from typing import Optional, Sequence
 
-from .config import check_timeout
-from .errors import PHubTimeout
+from ..config import check_timeout
+from ..errors import PHubTimeout
 
 
 class Handle:

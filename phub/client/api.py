@@ -9,7 +9,7 @@ there are no pull requests.
 Blocking calls (`connect`, `init`, `pushpull`, `Handle.wait`, `close`) take a timeout (default:
 the client's `timeout`) and raise `PHubTimeout` naming what is missing; a lost worker or server
 raises `JobFailed` in every waiting call, naming the cause. The I/O thread's half lives in
-clientloop.py. A client still open when its process ends leaves the job as `close()` would
+ioloop.py. A client still open when its process ends leaves the job as `close()` would
 (exiting.py): a script that ends without `close()` has succeeded.
 """
 from __future__ import annotations
@@ -25,20 +25,20 @@ from typing import Dict, Hashable, List, Optional
 import numpy as np
 
 from . import exiting
-from .protocol import wire
-from .reduction.chunking import ChunkPlan, Topology
-from .clientloop import ClientLoop
-from .protocol.worker import WorkerProtocol, awaited_by, expect_entry
-from .network.datapath import DEFAULT_TRANSPORT, worker_path
+from ..protocol import wire
+from ..reduction.chunking import ChunkPlan, Topology
+from .ioloop import ClientLoop
+from ..protocol.worker import WorkerProtocol, awaited_by, expect_entry
+from ..network.datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels, as_float32
-from .config import check_timeout
-from .errors import ConfigError, JobFailed, PHubError, PHubTimeout
-from .network.fastpath_contract import fastpath
+from ..config import check_timeout
+from ..errors import ConfigError, JobFailed, PHubError, PHubTimeout
+from ..network.fastpath_contract import fastpath
 from .handle import Handle
-from .protocol.messages import MAX_WORKERS
-from .reduction.optim import Optimizer
-from .network.links import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
-                            recv_control, staging_capacity)
+from ..protocol.messages import MAX_WORKERS
+from ..reduction.optim import Optimizer
+from ..network.links import (DIRECT_MIN_BYTES, DirectLink, Link, StagedLink, connect as tcp_connect, parse_addresses,
+                             recv_control, staging_capacity)
 
 # The worker's C loops, their round contract registered; None when not built: every frame takes
 # the Python path.
@@ -59,7 +59,26 @@ ENV_JOB, ENV_TOKEN, ENV_TIMEOUT = "PHUB_JOB", "PHUB_TOKEN", "PHUB_TIMEOUT"
 
 
 class Client(ClientLoop, SideChannels):
-    """A worker's connection to a PHub server (one per process)."""
+    """A worker's connection to a PHub server (one per process).
+
+    Two threads share a client; each piece of state below has one writer:
+
+    - the caller's thread (the public methods, and everything in `__init__` before the I/O
+      thread starts, including the handshakes on the lanes' sockets) owns `plan`, `_iterations`,
+      `_inflight` and `_closing`. It also fills in what the protocol will await (`_protocol`'s
+      `expect`, `ready_waiters`, `expect_state`, `optimizer_acks`, the chunk tables, replaced
+      whole) *before* it queues the frames whose answers complete them, so the I/O thread never
+      meets an answer to something not yet recorded; a key's entries change only once its last
+      pushpull is done (`protocol.worker.KeyResults`).
+    - the I/O thread (`ClientLoop._io_loop`, once started) owns the links: their sockets, output
+      queues and `_outbox`, and `_selector`, `_judging`. It alone sends, reads, writes results
+      into the caller's arrays, counts them into the `Handle`s (`Handle._arrived`) and sets
+      `_protocol.error` (`WorkerProtocol.fail`).
+    - they hand over through `_commands` (the caller appends frames with `_submit`, the I/O thread
+      pops them: single deque operations), `_wake_pending` (under `_lock`), each `Handle`'s event,
+      and `_protocol.shared` / `share_waiters` (under `_protocol.lock`). `close()` flushes and
+      closes the links itself only after joining the I/O thread (for at most its timeout).
+    """
 
     def __init__(self, address: str, rank: int, num_workers: int, job_id: int = 0, token: str = "",
                  timeout: float = DEFAULT_TIMEOUT):
@@ -262,7 +281,7 @@ class Client(ClientLoop, SideChannels):
         Blocks until this worker's pushpulls are done (at most `timeout`, default the client's);
         if they are not, the worker gives up (the server fails the job naming this rank) and
         PHubTimeout is raised. With `abort` (a message) it gives up at once, saying that. The
-        process's exit does the same for a client still open (see phub/exiting.py)."""
+        process's exit does the same for a client still open (see phub/client/exiting.py)."""
         if self._closing:
             return
         try:

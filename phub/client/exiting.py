@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import List, Optional
 
-from .errors import PHubError
+from ..errors import PHubError
 
 _open: "weakref.WeakSet" = weakref.WeakSet()  # clients of this process not yet closed
 _uncaught: List[str] = []  # the uncaught exceptions the interpreter reported, in words

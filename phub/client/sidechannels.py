@@ -1,6 +1,6 @@
 """What travels beside the gradients: values rank 0 shares with every worker (`share`, a
 rendezvous for what is not a tensor) and the server's optimizer state for checkpoints
-(`optimizer_state`, `load_optimizer_state`). Mixed into `phub.client.Client`; the I/O thread's
+(`optimizer_state`, `load_optimizer_state`). Mixed into `phub.client.api.Client`; the I/O thread's
 side is in protocol/worker.py, the server's in protocol/core.py.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Dict, Hashable, Mapping, Optional
 
 import numpy as np
 
-from .protocol import messages, wire
-from .config import check_timeout
-from .errors import ConfigError
+from ..protocol import messages, wire
+from ..config import check_timeout
+from ..errors import ConfigError
 from .handle import Handle
 
 MAX_SHARE_BYTES = 1 << 20  # a shared value's JSON (see share)

@@ -5,7 +5,7 @@ queued (`_submit`, woken through a socket pair) and hands what arrives to the wo
 (`protocol.worker.WorkerProtocol`: RESULTs land straight in the caller's output arrays, READYs
 and SHAREs wake their waiters). On a lost connection or an ERROR frame it fails every waiting
 handle with `JobFailed` naming the cause; which cause is this loop's to find out, as it means
-reading the other lanes (`_lost_lane`). Mixed into `phub.client.Client`.
+reading the other lanes (`_lost_lane`). Mixed into `phub.client.api.Client`.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import select
 import time
 from typing import List
 
-from .protocol import wire
-from .errors import JobFailed, ProtocolError
-from .protocol.worker import ServerReportedError
-from .network.links import Link, LinkClosed, flush_links
+from ..protocol import wire
+from ..errors import JobFailed, ProtocolError
+from ..protocol.worker import ServerReportedError
+from ..network.links import Link, LinkClosed, flush_links
 
 
 _JUDGE_S = 1.0  # how long a failing worker waits for its other lanes to say how they ended
