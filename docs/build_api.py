@@ -14,7 +14,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-MODULES = ["phub", "phub.launch", "phub.cluster.hostfile", "phub.integrations.mxnet", "phub.integrations.torch"]
+MODULES = ["phub", "phub.launching.launch", "phub.launching.hostfile", "phub.integrations.mxnet",
+           "phub.integrations.torch"]
 
 
 def build(out: Path, modules=MODULES) -> list:

@@ -13,7 +13,7 @@ than the tolerance (the tests check that), a wrong scale or a lost gradient by f
 
 writes one CSV row per (framework, workers, epoch) (workers 1 = the single-process reference)
 and exits 1 if the check failed. `run()` and `plot()` are what a pipeline calls. `run()` starts
-the PHub jobs with `phub.launch.run_job`, so call it from the main thread.
+the PHub jobs with `phub.launching.launch.run_job`, so call it from the main thread.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class Result:
 
 def _phub_curve(framework: str, workers: int, settings: Settings) -> List[Dict[str, float]]:
     """Run `workers` PHub workers training `framework`; return rank 0's per-epoch rows."""
-    from phub.launch import run_job
+    from phub.launching.launch import run_job
 
     with tempfile.TemporaryDirectory(prefix="phub-convergence-") as tmp:
         out = os.path.join(tmp, "curve.jsonl")

@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence
 
 from phub.config import JobSpec, ServerConfig
 from phub.errors import PHubError
-from phub.launch import run_job
+from phub.launching.launch import run_job
 
 from .models import load_model, scaled
 from .monitor import Monitor, block, settle, summarize
@@ -32,7 +32,7 @@ WORKER_CLASS = "experiments.systems.phub:PHubWorker"
 
 
 def run_jobs(cluster, jobs: Sequence[int], params: dict, out_dir: str, time_limit: float) -> Dict[int, List[dict]]:
-    """Run `jobs` (job ids) at once on one server on the PBox (`phub.launch.run_job` with several
+    """Run `jobs` (job ids) at once on one server on the PBox (`phub.launching.launch.run_job` with several
     jobs); {job id: its ranks' results}. Blocks until every worker is done, at most `time_limit`
     seconds; raises PHubError naming the failed worker or job, or the limit passing, followed by
     the run's last output."""

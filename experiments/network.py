@@ -1,7 +1,7 @@
 """Where a run's processes go: `--network NAME` picks a function that builds the run's Cluster.
 
 A network function takes (system name, number of workers, options) and returns a
-`phub.cluster.Cluster` whose nodes fit the system's needs (`get_system(name).servers`):
+`phub.launching.cluster.Cluster` whose nodes fit the system's needs (`get_system(name).servers`):
 
 * "pbox":   one server node (phub: a PBox with `options.num_interfaces` interfaces, one per rack
             when `options.racks` > 1; pslite-central: its server and scheduler),
@@ -12,7 +12,7 @@ It may instead return a context manager that yields the Cluster, for networks th
 up and torn down around the run (the emulated rack's namespaces and links). Networks are listed
 in NETWORKS; `emulated_cluster` serves `--network emulated --spec FILE` (the emulated rack of
 `experiments.rack.emulated`), `hostfile_cluster` `--network hostfile --spec FILE` (real machines,
-phub.cluster.hostfile). Whatever the cluster records in its `extra` dict (link rates, scale
+phub.launching.hostfile). Whatever the cluster records in its `extra` dict (link rates, scale
 factors) is copied into every result row.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Dict
 
-from phub.cluster import Cluster, loopback
+from phub.launching.cluster import Cluster, loopback
 from phub.errors import ConfigError
 
 from .systems import get_system
@@ -66,12 +66,12 @@ def emulated_view(rack, system: str) -> Cluster:
 
 
 def hostfile_cluster(system: str, workers: int, options) -> Cluster:
-    """Real machines named by the hostfile `options.spec` (see phub.cluster.hostfile): the run
+    """Real machines named by the hostfile `options.spec` (see phub.launching.hostfile): the run
     takes the first `workers` workers and, for phub, `options.racks` PBoxes with
     `options.num_interfaces` addresses each. Roles go where the emulated rack puts them: phub on the
     PBoxes, shards on the worker nodes, ps-lite's central server on the first PBox, gloo on the
     worker nodes only."""
-    from phub.cluster.hostfile import load_hostfile, select
+    from phub.launching.hostfile import load_hostfile, select
 
     if not options.spec:
         raise ConfigError("--network hostfile needs --spec FILE (a hostfile)")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from phub.reduction.chunking import DEFAULT_CHUNK_BYTES
-from phub.cluster import Cluster
+from phub.launching.cluster import Cluster
 from phub.errors import ConfigError, PHubError
 
 from . import realcompute

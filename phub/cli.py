@@ -163,14 +163,14 @@ def cmd_launch(args) -> int:
     import os
 
     from .config import JobSpec
-    from .launch import own_python, run_with_restarts
+    from .launching.launch import own_python, run_with_restarts
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError("phub launch: give the worker command after --")
     cluster = None
     if args.hostfile or args.from_slurm:
-        from .launch_hosts import launch_cluster
+        from .launching.hosts import launch_cluster
 
         cluster = launch_cluster(args.hostfile, args.from_slurm, args.workers, args.pboxes, args.interface_regex,
                                  args.remote_shell)
@@ -193,19 +193,19 @@ def cmd_launch(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from .selftest import main as selftest_main
+    from .launching.selftest import main as selftest_main
 
     return selftest_main([])
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import main as doctor_main
+    from .launching.doctor import main as doctor_main
 
     return doctor_main(as_json=args.json)
 
 
 def cmd_hostfile(args) -> int:
-    from .cluster import hostfile
+    from .launching import hostfile
     from .fileio import write_text
 
     if args.from_slurm:

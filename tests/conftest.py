@@ -26,7 +26,7 @@ import pytest
 
 import phub
 from phub.errors import ProtocolError
-from phub.launch import worker_env
+from phub.launching.launch import worker_env
 
 WORKER = str(Path(__file__).parent / "workers" / "exchange_worker.py")
 HARNESS = {"experiments", "analysis", "points", "run_shape", "tidy", "run_record", "check_network", "write_json"}

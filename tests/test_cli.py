@@ -41,7 +41,7 @@ def test_selftest():
 
 
 def test_the_selftests_oracle_is_the_closed_form():
-    from phub import selftest
+    from phub.launching import selftest
 
     size, workers, lr = 50, selftest.WORKERS, selftest.LEARNING_RATE
     for step in range(selftest.STEPS):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import phub
-from phub import doctor
+from phub.launching import doctor
 from phub.errors import ConfigError
 from phub.network.rdma import verbs
 

@@ -15,7 +15,7 @@ import pytest
 
 import phub
 from experiments.rack.emulated import EmulatedRack
-from phub.launch import run_job
+from phub.launching.launch import run_job
 from conftest import WORKER
 from test_exchange import assert_close, nag_oracle
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from phub.cluster import hostfile
+from phub.launching import hostfile
 from phub.errors import ConfigError
 
 PHUB = [sys.executable, "-m", "phub"]

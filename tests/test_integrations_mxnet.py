@@ -155,7 +155,7 @@ def test_kvstore_given_by_name_is_ignored_on_one_device():
 def test_a_worker_that_gave_the_kvstore_by_name_and_never_connected_gets_the_likely_cause():
     import io
 
-    from phub.launch import run_job
+    from phub.launching.launch import run_job
 
     out = io.StringIO()
     env = dict(PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))

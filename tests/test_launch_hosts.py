@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from phub.cluster import hostfile
+from phub.launching import hostfile
 from phub.errors import ConfigError
-from phub.launch_hosts import carried_line, on_node, torch_env
+from phub.launching.hosts import carried_line, on_node, torch_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBNET = "198.19.77"  # inside this test's own namespaces only, on a bridge of their own

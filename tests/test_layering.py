@@ -51,7 +51,7 @@ def test_the_wheel_holds_the_library_only(tmp_path):
     [wheel] = tmp_path.glob("phub-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"phub", "phub-0.1.0.dist-info"}
-    assert "phub/cli.py" in names and "phub/selftest.py" in names
+    assert "phub/cli.py" in names and "phub/launching/selftest.py" in names
     assert not [name for name in names if "layouts" in name or "cluster/emulated" in name]
 
 

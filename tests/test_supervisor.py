@@ -1,4 +1,4 @@
-"""The one process supervisor (phub.supervisor) and `run_job` with several jobs on one server.
+"""The one process supervisor (phub.launching.supervisor) and `run_job` with several jobs on one server.
 
 Real processes throughout: small `python -c` programs whose exit status and output are known,
 and, for the jobs, phub workers whose results after k SGD steps are known exactly."""
@@ -12,9 +12,9 @@ import pytest
 
 from phub.config import JobSpec, ServerConfig
 from phub.errors import ConfigError, PHubError
-from phub import launch
-from phub.launch import run_job
-from phub.supervisor import Supervisor, blame
+from phub.launching import launch
+from phub.launching.launch import run_job
+from phub.launching.supervisor import Supervisor, blame
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -17,7 +17,7 @@ from experiments.models import load_model, compute_schedule, profile_table, refe
 from experiments.replay import VERIFY_TOLERANCE, bench_optimizer, run as replay_run
 from experiments.runner import Options, run_exchange
 from experiments.systems import SYSTEMS, WorkerSystem
-from phub.cluster import Cluster, Node
+from phub.launching.cluster import Cluster, Node
 from phub.errors import ConfigError
 
 HARNESS = [sys.executable, "-m", "experiments"]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import phub
-from phub.cluster import Node, loopback
-from phub.launch import free_port, run_job, worker_env
+from phub.launching.cluster import Node, loopback
+from phub.launching.launch import free_port, run_job, worker_env
 from conftest import WORKER
 from test_exchange import SIZES, aggregate, assert_close, nag_oracle
 from workers.exchange_worker import SHARED_EARLY, SHARED_LATE, initial

@@ -12,7 +12,7 @@ import pytest
 
 import phub
 
-from phub import doctor
+from phub.launching import doctor
 from phub.errors import ConfigError
 from phub.network.rdma import immediate, verbs
 from phub.network.rdma.connect import ZERO_GID, ConnParams

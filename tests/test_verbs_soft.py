@@ -121,7 +121,7 @@ def test_aggregation_over_rdma_writes_is_exact_across_batches(run_exchange):
 
 @pytest.mark.parametrize("layout", ["two-phase", "sharded"])
 def test_racks_and_shards_over_rdma_writes(tmp_path, layout):
-    from phub.cluster import loopback
+    from phub.launching.cluster import loopback
     from test_topologies import STEPS as RACK_STEPS, run
 
     cluster = loopback(4, racks=2) if layout == "two-phase" else loopback(2, shards=2)

@@ -5,7 +5,7 @@ veth pairs shaped with htb. The local default for every experiment.
         run_job(command, len(cluster.workers), config, cluster=cluster)
 
 `up()` makes the namespaces of one run (`phub-<run id>-...`, see `topology`), measures every
-link (`preflight`), and returns a `phub.cluster.Cluster`: one PBox per rack (its K interfaces as
+link (`preflight`), and returns a `phub.launching.cluster.Cluster`: one PBox per rack (its K interfaces as
 addresses), the workers in rank order, `hierarchical` when there is more than one rack, each node
 running commands through `ip netns exec NS`. `extra` holds what results must record: configured
 and measured rates, scale factors, the rack servers' fixed port. `down()` stops every process in
@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
-from phub.cluster import Cluster, Node
+from phub.launching.cluster import Cluster, Node
 
 from . import netns, preflight, rackbuild, runstate
 from .netns import USERNS_ENV, RackError

@@ -3,7 +3,7 @@
 Each system has two halves:
 
 * a `System` (in the parent process): which servers its cluster needs, and `launch`, which starts
-  every process of one run on the nodes of a `phub.cluster.Cluster` (always through
+  every process of one run on the nodes of a `phub.launching.cluster.Cluster` (always through
   `node.argv(...)`, with addresses taken from the nodes) and blocks until the workers are done;
 * a `WorkerSystem` (inside each worker process): the key-value operations the replay calls.
 
@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from phub.cluster import Cluster
+from phub.launching.cluster import Cluster
 from phub.errors import ConfigError
 
 # name -> (module, System class name)

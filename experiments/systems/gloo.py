@@ -19,9 +19,9 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from phub.cluster import Cluster
-from phub.launch import free_port
-from phub.supervisor import Supervisor
+from phub.launching.cluster import Cluster
+from phub.launching.launch import free_port
+from phub.launching.supervisor import Supervisor
 
 from . import System, WorkerSystem
 

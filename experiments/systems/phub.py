@@ -1,6 +1,6 @@
 """phub as the system under test: one PBox (`phub`) or shards colocated with the workers (`pshard`).
 
-Both start `phub server` processes through `phub.launch.run_job` on the cluster's server nodes
+Both start `phub server` processes through `phub.launching.launch.run_job` on the cluster's server nodes
 (a PBox node with K interfaces, or one single-interface shard per worker node, whose chunks the
 client spreads over all shards) and the workers on its worker nodes.
 """
@@ -10,7 +10,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from phub.cluster import Cluster
+from phub.launching.cluster import Cluster
 from phub.config import JobSpec, ServerConfig
 from phub.errors import PHubError
 
@@ -29,7 +29,7 @@ class PHubSystem(System):
                 "transport": options.transport, "simulated_racks": options.simulated_racks}
 
     def launch(self, cluster: Cluster, command: Sequence[str], env: Dict[str, str], options, output) -> None:
-        from phub.launch import run_job
+        from phub.launching.launch import run_job
 
         config = ServerConfig(jobs=(JobSpec(0, len(cluster.workers)),), cores=options.cores,
                               chunk_bytes=options.chunk_bytes, lanes_per_pair=options.lanes_per_pair,

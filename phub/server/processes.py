@@ -58,7 +58,7 @@ class Server:
 
         ConfigError (with `phub doctor`'s explanation) if the configured transport cannot run here.
         """
-        from ..doctor import require_transport  # probes RDMA only when the verbs transport is asked for
+        from ..launching.doctor import require_transport  # probes RDMA only when the verbs transport is asked for
 
         require_transport(self.config.transport)
         listeners: List[List[socket.socket]] = []

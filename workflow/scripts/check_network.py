@@ -10,7 +10,7 @@ def main() -> int:
     report = json.load(open(sys.argv[1]))
     network = sys.argv[2]
     if network == "hostfile":  # real machines: the hostfile must be sound; its nodes go to the log
-        from phub.cluster.hostfile import load_hostfile
+        from phub.launching.hostfile import load_hostfile
         from phub.errors import ConfigError
 
         try:

@@ -1,4 +1,4 @@
-"""Run one of a job's processes on a node reached by a remote shell (`python -m phub.launch_remote`).
+"""Run one of a job's processes on a node reached by a remote shell (`python -m phub.launching.remote`).
 
 A remote shell (`ssh HOST`) passes no environment and, once the launcher stops, leaves what it
 started running. So the launcher starts this module there instead of the command itself, and
@@ -51,13 +51,13 @@ def main() -> int:
         request = json.loads(line)
         argv, env, cwd = list(request["argv"]), dict(request["env"]), request["cwd"]
     except (ValueError, KeyError, TypeError):
-        print(f"phub.launch_remote: expected a JSON request line on stdin, got {line[:200]!r}", file=sys.stderr)
+        print(f"phub.launching.remote: expected a JSON request line on stdin, got {line[:200]!r}", file=sys.stderr)
         return 2
     try:
         child = subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
     except OSError as exc:
-        print(f"phub.launch_remote: cannot start {argv[:1]} in {cwd} on {os.uname().nodename}: {exc}",
+        print(f"phub.launching.remote: cannot start {argv[:1]} in {cwd} on {os.uname().nodename}: {exc}",
               file=sys.stderr, flush=True)
         return 127
 

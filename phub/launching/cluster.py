@@ -4,7 +4,7 @@ A `Cluster` names one server node (a PBox) per rack, or one per worker for a sha
 the worker nodes. A node runs commands through an argv prefix: empty on this machine (loopback),
 `ip netns exec NS` inside an emulated rack (see `experiments.rack.emulated`), `srun -w HOST` on SLURM,
 or a remote shell (`ssh HOST`: a `shell` node, whose prefix takes one shell command line and
-passes no environment; the launcher wraps its commands, see `phub.launch_remote`).
+passes no environment; the launcher wraps its commands, see `phub.launching.remote`).
 The launcher only ever calls `Node.argv`, so every placement starts processes the same way.
 """
 from __future__ import annotations

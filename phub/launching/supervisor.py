@@ -1,6 +1,6 @@
 """Start a run's processes, pump their output with a prefix, watch them, and stop them all.
 
-The one process supervisor: `phub launch` (through `phub.launch.run_job`) and the experiments'
+The one process supervisor: `phub launch` (through `phub.launching.launch.run_job`) and the experiments'
 baselines (ps-lite's scheduler and servers, gloo's ranks) start every process through it. A
 process is a *worker* (the run is done when every worker has exited 0) or a *service* (it serves
 the workers: a phub server, ps-lite's scheduler). Every process leads its own session, so that
@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import PHubError
+from ..errors import PHubError
 
 GRACE = 5.0  # seconds a stopped process gets between SIGTERM and SIGKILL
 SERVICE_EXIT = 30.0  # seconds services get to exit on their own once the workers are done

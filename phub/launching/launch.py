@@ -5,7 +5,7 @@
 printed its ready line, the workers start with the environment `phub.connect()` reads; one
 server may serve several jobs. It blocks until the job ends: every worker exited 0 (status 0), or
 a process failed; then the rest are stopped within a bounded time (SIGTERM, SIGKILL after 5 s)
-and `failed` says who failed first. The processes run under `phub.supervisor.Supervisor`.
+and `failed` says who failed first. The processes run under `phub.launching.supervisor.Supervisor`.
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .client.api import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_WORKERS
+from ..client.api import ENV_JOB, ENV_RANK, ENV_SERVER, ENV_TIMEOUT, ENV_TOKEN, ENV_WORKERS
 from .cluster import Cluster, Node
-from .config import JobSpec, ServerConfig
-from .errors import ConfigError, PHubError
-from .launch_hosts import carried_line, on_node, torch_env
+from ..config import JobSpec, ServerConfig
+from ..errors import ConfigError, PHubError
+from .hosts import carried_line, on_node, torch_env
 from .supervisor import Supervisor, exit_status
 
 READY_TIMEOUT = 60.0
@@ -212,7 +212,7 @@ def run_job(command: Sequence[str], num_workers: int, config: Optional[ServerCon
     limit; past it the job fails naming the workers still running). With several `config.jobs`
     (their workers adding up to `num_workers`) one server serves them all: the first job's ranks
     run on the first worker nodes, the next job's after them, each with `job_env[job id]` added to
-    `extra_env`. Every worker also gets torch's variables (`phub.launch_hosts.torch_env`) unless
+    `extra_env`. Every worker also gets torch's variables (`phub.launching.hosts.torch_env`) unless
     `torch_vars` is False (a command that does not use torch.distributed: no port is probed for
     its store, which on a node reached through a prefix costs a process there). Worker
     output is streamed line by line with a `[rank R]` prefix (`[job J rank R]` with several jobs;

@@ -1,8 +1,8 @@
 """`phub selftest`: does this installation work as a parameter server?
 
 Checks that the C kernels are built and runs one small job with `run_job` on loopback: a server
-with 2 cores and 2 workers (`python -m phub.selftest --worker`), each registering two arrays (one
-over many chunks, one smaller than a chunk), pushing known gradients for `STEPS` steps with SGD
+with 2 cores and 2 workers (`python -m phub.launching.selftest --worker`), each registering two
+arrays (one over many chunks, one smaller than a chunk), pushing known gradients for `STEPS` steps with SGD
 on the server, and comparing every result with the closed form. The numbers are small integers
 times a power of two, so float32 holds them exactly and the comparison is exact. A wrong
 aggregate, a lost chunk or an optimizer applied twice shows as a mismatch that names the key,
@@ -60,12 +60,12 @@ def worker() -> int:
 
 def run() -> dict:
     """Run the check (blocks for at most `TIME_LIMIT` seconds); the JSON row `phub selftest` prints."""
-    from .config import JobSpec, ServerConfig
-    from .reduction.kernels import FAST_AVAILABLE
+    from ..config import JobSpec, ServerConfig
+    from ..reduction.kernels import FAST_AVAILABLE
     from .launch import run_job
 
     config = ServerConfig(jobs=(JobSpec(0, WORKERS),), cores=2, once=True, timeout=60.0)
-    result = run_job([sys.executable, "-m", "phub.selftest", "--worker"], WORKERS, config,
+    result = run_job([sys.executable, "-m", "phub.launching.selftest", "--worker"], WORKERS, config,
                      stdout=sys.stderr, time_limit=TIME_LIMIT)
     verified = result.status == 0
     if not verified:
@@ -75,7 +75,7 @@ def run() -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """`python -m phub.selftest [--worker]`: the check (what `phub selftest` runs), or one of its workers."""
+    """`python -m phub.launching.selftest [--worker]`: the check (what `phub selftest` runs), or one of its workers."""
     if (sys.argv[1:] if argv is None else argv) == ["--worker"]:
         return worker()
     row = run()

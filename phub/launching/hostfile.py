@@ -32,7 +32,7 @@ import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
-from . import Cluster, Node
+from .cluster import Cluster, Node
 
 LAUNCHERS = ("srun", "ssh", "local")
 DEFAULT_REMOTE_SHELL = "ssh -o BatchMode=yes {node}"

@@ -30,8 +30,8 @@ import socket
 import subprocess
 from typing import Dict, List, Optional
 
-from .config import TRANSPORTS
-from .errors import ConfigError
+from ..config import TRANSPORTS
+from ..errors import ConfigError
 
 CAP_NET_ADMIN = 12  # bit number in the capability sets of /proc/<pid>/status
 LIBRARIES = ("numpy", "mxnet", "torch")
@@ -159,7 +159,7 @@ def emulated_rack(privileges: dict) -> dict:
 
 def collect() -> dict:
     """The whole report (see the module docstring). Takes well under a second; never raises."""
-    from .network.rdma.verbs import probe
+    from ..network.rdma.verbs import probe
 
     ns = netns()
     privileges = {"cap_net_admin": cap_net_admin(), "netns": ns["available"], "netns_detail": ns["detail"]}
@@ -183,7 +183,7 @@ def require_transport(transport: str) -> None:
         raise ConfigError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     if transport != "verbs":  # tcp, and soft-verbs (software only) run wherever phub runs
         return
-    from .network.rdma.verbs import probe
+    from ..network.rdma.verbs import probe
 
     status = verbs_transport(probe())
     if not status["available"]:

@@ -15,7 +15,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .cluster import Cluster, Node
-from .errors import ConfigError
+from ..errors import ConfigError
 
 ENV_TORCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -35,7 +35,7 @@ def torch_env(members: Sequence[Tuple[int, int]], workers: Sequence[Node], sizes
               free_port=None) -> List[Dict[str, str]]:
     """torch's variables for each worker node, in order: member (job, rank) runs on `workers[i]`,
     job J has `sizes[J]` workers. `free_port(node)` finds MASTER_PORT on a job's first worker
-    node (default: `phub.launch.free_port`, probed on the node)."""
+    node (default: `phub.launching.launch.free_port`, probed on the node)."""
     if free_port is None:
         from .launch import free_port as probe_on_node
 
@@ -59,14 +59,14 @@ def torch_env(members: Sequence[Tuple[int, int]], workers: Sequence[Node], sizes
 def on_node(node: Node, argv: Sequence[str],
             env: Optional[Dict[str, str]]) -> Tuple[List[str], Optional[Dict[str, str]], Optional[bytes]]:
     """How to start `argv` with `env` added on `node`: (argv here, environment to add here, bytes
-    for its stdin). A remote-shell node runs `phub.launch_remote`, which reads the command, its
+    for its stdin). A remote-shell node runs `phub.launching.remote`, which reads the command, its
     environment and this directory from stdin; any other node gets the environment directly."""
     if not node.shell:
         return node.argv(argv), env, None
-    from .launch_remote import request_line
+    from .remote import request_line
 
     forwarded = {name: value for name, value in os.environ.items() if name in FORWARDED or name.startswith("PHUB_")}
-    wrapper = node.argv([sys.executable, "-m", "phub.launch_remote"])
+    wrapper = node.argv([sys.executable, "-m", "phub.launching.remote"])
     return wrapper, None, request_line(argv, {**forwarded, **(env or {})}, os.getcwd())
 
 
@@ -79,7 +79,7 @@ def launch_cluster(hostfile: Optional[str], from_slurm: bool, workers: Optional[
                    interface_regex: Optional[str] = None, remote_shell: Optional[str] = None) -> Cluster:
     """The cluster `phub launch --hostfile FILE` or `--from-slurm` runs on: every worker slot of
     the file (or the allocation's worker nodes), or the first `workers` of them."""
-    from .cluster import hostfile as hosts
+    from . import hostfile as hosts
 
     if from_slurm:
         cluster = hosts.parse_hostfile(hosts.from_slurm(pboxes, interface_regex), "<from SLURM>")
