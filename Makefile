@@ -14,8 +14,9 @@ QUICK := results/quick
 venv: $(STAMP)
 
 # The library (phub) and, beside it, the harness (experiments/ and analysis/, packaged by lab/), both editable.
-$(STAMP): pyproject.toml setup.py phub/_kernels.c phub/_kernels.h phub/_fastpath.c phub/_fastpath_rounds.h phub/_fastpath_direct.h \
-		phub/_fastpath_send.h phub/_fastpath_racks.h phub/_fastpath_contract.h lab/pyproject.toml
+$(STAMP): pyproject.toml setup.py phub/_fastkernels.c phub/_fastkernels.h phub/_fastpath.c \
+		phub/_fastpath_rounds.h phub/_fastpath_direct.h phub/_fastpath_send.h phub/_fastpath_racks.h \
+		phub/_fastpath_contract.h lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[test]' -e ./lab

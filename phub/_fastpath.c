@@ -18,12 +18,12 @@
  * read and build) is reached through the round contract (_fastpath_contract.h), a table filled
  * once at import by phub/network/fastpath_contract.py, which lists every field, its type and its owner.
  * The folds are the same float32 operations in the same order as JobState.on_push with the
- * kernels of phub/_kernels.c (a + b, then + c, ...), so results are bit-identical to the Python
+ * kernels of phub/_fastkernels.c (a + b, then + c, ...), so results are bit-identical to the Python
  * path.
  *
  * Given the lane's optimizers and a dict for the frames (a job on one rack whose lane runs NAG
  * or SGD), `drain_pushes` also finishes the rounds it completes as JobState.finish_round and
- * TcpServerPath.send_result do (_fastpath_rounds.h): the optimizer pass (the loops of _kernels.h,
+ * TcpServerPath.send_result do (_fastpath_rounds.h): the optimizer pass (the loops of _fastkernels.h,
  * as the kernels the Python path calls) straight from the round's last copy where it landed, the
  * round's bookkeeping, and the RESULT frames, queued per lane for the caller to send. Any other
  * round (a chunk's first, whose momentum Python allocates) it hands back as above.

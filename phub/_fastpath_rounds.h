@@ -7,7 +7,7 @@
 #ifndef PHUB_FASTPATH_ROUNDS_H
 #define PHUB_FASTPATH_ROUNDS_H
 
-#include "_kernels.h"
+#include "_fastkernels.h"
 
 static void
 release_acquired(Py_buffer *view)

@@ -13,17 +13,10 @@ import numpy as np
 from ..protocol import messages, wire
 from ..config import check_timeout
 from ..errors import ConfigError
+from ..reduction.kernels import as_float32
 from .handle import Handle
 
 MAX_SHARE_BYTES = 1 << 20  # a shared value's JSON (see share)
-
-
-def as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
-    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
-        raise ConfigError(f"{name} for key {key!r} must be a C-contiguous float32 numpy array")
-    if size is not None and array.size != size:
-        raise ConfigError(f"{name} for key {key!r} has {array.size} elements, the key was registered with {size}")
-    return array.reshape(-1)
 
 
 class SideChannels:

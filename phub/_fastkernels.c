@@ -12,7 +12,7 @@
  * float32-aligned, and all buffers of one call must have the same length. Checking the dtype is
  * the caller's job (phub/reduction/kernels.py does it): a buffer carries no element type under PyBUF_SIMPLE.
  *
- * The loops (in _kernels.h, which phub/_fastpath.c shares) are plain element-wise loops that gcc
+ * The loops (in _fastkernels.h, which phub/_fastpath.c shares) are plain element-wise loops that gcc
  * -O3 auto-vectorizes; each reads and writes every element once. The pointers are not declared
  * `restrict`: gcc versions each loop with a cheap runtime overlap check instead, so the vector
  * path is still taken for distinct arrays, and an in-place call such as scale(acc, acc, None, f)
@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_kernels.h"
+#include "_fastkernels.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Buffer handling

@@ -1,11 +1,11 @@
 /*
- * The server's float32 optimizer loops, shared by phub/_kernels.c (phub._fastkernels: the
+ * The server's float32 optimizer loops, shared by phub/_fastkernels.c (phub._fastkernels: the
  * kernels the Python path calls) and phub/_fastpath.c (a core's C loop, which finishes rounds
- * itself): one copy of the loops, so both paths round alike. The rules of _kernels.c hold here:
+ * itself): one copy of the loops, so both paths round alike. The rules of _fastkernels.c hold here:
  * built with -ffp-contract=off, the statement order is the specification.
  */
-#ifndef PHUB_KERNELS_H
-#define PHUB_KERNELS_H
+#ifndef PHUB_FASTKERNELS_H
+#define PHUB_FASTKERNELS_H
 
 #include <Python.h>
 
@@ -100,4 +100,4 @@ sgd_pass(float *w, float *m, const float *a, const float *l, Py_ssize_t n, float
 
 #undef SGD_CALL
 
-#endif /* PHUB_KERNELS_H */
+#endif /* PHUB_FASTKERNELS_H */
