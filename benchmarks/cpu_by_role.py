@@ -45,7 +45,7 @@ from data_path import GOAL_RATIO
 from raw_tcp import best_raw_tcp
 from experiments.models import load_model
 from experiments.runner import Options
-from phub.fileio import write_json
+from experiments.fileio import write_json
 
 ROLES = ("server-core", "worker-io", "worker-main")
 KINDS = ("kernel", "c-loops", "memmove", "python", "numpy", "other")

@@ -87,7 +87,7 @@ import numpy as np
 from experiments.models import chunks_per_worker, load_model
 from experiments.monitor import STOLEN, Stolen, median_share, stolen_words
 from experiments.runner import Options, run_exchanges
-from phub.fileio import write_json
+from experiments.fileio import write_json
 from phub.reduction.kernels import for_owned_buffers, get_backend
 from phub.network.links import STAGING_BYTES
 from raw_tcp import LOOPBACK, best_raw_tcp, c_program, congestion_control, fused_pass

@@ -183,7 +183,7 @@ def run_worker() -> int:
     client.close()
     dist.destroy_process_group()
     if rank == 0:
-        from phub.fileio import write_json
+        from experiments.fileio import write_json
         write_json(Path(settings["out_dir"]) / "rank0.json", times)
     return 0
 
@@ -284,7 +284,7 @@ def main() -> int:
                   f" {overhead!s:>9s}")
     summary.update(wall_seconds=round(time.perf_counter() - started, 1), host=platform.node(), cpus=os.cpu_count())
     if args.out:
-        from phub.fileio import write_json
+        from experiments.fileio import write_json
         write_json(args.out, {"summary": summary, "blocks": times}, indent=1)
     print(json.dumps(summary))
     return 0

@@ -24,7 +24,7 @@ import time
 from experiments.monitor import median_share, stolen_words
 from experiments.runner import Options, run_exchange
 from experiments.systems import SYSTEMS
-from phub.fileio import write_json
+from experiments.fileio import write_json
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from phub import fileio
+from . import fileio
 from .digits import FRAMEWORKS, curve
 
 LOSS_TOLERANCE = 1e-4  # absolute, per epoch, on the mean training cross-entropy

@@ -35,9 +35,9 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from phub.cli import int_in, seconds
 from phub.errors import ConfigError, PHubError
-from phub.fileio import write_csv
 
 from . import softcost
+from .fileio import write_csv
 from .layouts import MODELS
 from .models import load_model
 from .monitor import _descendants

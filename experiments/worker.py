@@ -13,8 +13,7 @@ import json
 import os
 import sys
 
-from phub.fileio import write_json
-
+from .fileio import write_json
 from .models import load_model, scaled
 from .replay import run
 from .systems import worker_system

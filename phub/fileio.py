@@ -1,13 +1,12 @@
 """Atomic file output: write to a temporary file beside the target, then rename it into place,
-so that a killed run never leaves a half-written result, figure or report."""
+so that a killed process never leaves a half-written file (a hostfile `phub hostfile --out`
+writes, an MXNet optimizer checkpoint; the harness's results, figures and reports)."""
 from __future__ import annotations
 
-import csv
-import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence, Union
+from typing import Callable, Union
 
 PathLike = Union[str, Path]
 
@@ -32,19 +31,3 @@ def atomic_write(path: PathLike, write: Callable[[Path], None]) -> Path:
 def write_text(path: PathLike, text: str) -> Path:
     """Write `text` to `path` atomically."""
     return atomic_write(path, lambda tmp: tmp.write_text(text))
-
-
-def write_json(path: PathLike, obj, indent=None) -> Path:
-    """Write `obj` as JSON to `path` atomically."""
-    return write_text(path, json.dumps(obj, indent=indent))
-
-
-def write_csv(path: PathLike, rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> Path:
-    """Write `rows` as CSV with a header of `columns` to `path` atomically."""
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(columns))
-            writer.writeheader()
-            writer.writerows(rows)
-
-    return atomic_write(path, write)

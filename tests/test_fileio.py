@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from phub.fileio import write_csv, write_json
+from experiments.fileio import write_csv, write_json
 
 
 def test_writes_land_whole(tmp_path):

@@ -179,7 +179,7 @@ def test_a_real_run_gives_consistent_rows(system, setting):
 def test_the_figure_and_the_report_lines_from_made_up_rows(tmp_path, monkeypatch):
     from analysis import figures, plotting, reference, results
     from analysis.fig_softcost import non_compute_over_compute, report_lines, tables
-    from phub.fileio import write_csv
+    from experiments.fileio import write_csv
 
     flows = softcost.traffic(_model(250_000), "phub", 2, 1, softcost.Setting("chunk32k", chunk_bytes=32768))
     block = softcost.Block(0, 2, 0.5, (1.0, 2.0), 1.0, 0.0)

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from phub.fileio import write_json  # noqa: E402
+from experiments.fileio import write_json  # noqa: E402
 
 DEFAULT_CONFIG = "config/config.yaml"
 

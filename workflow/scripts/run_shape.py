@@ -29,7 +29,7 @@ from experiments.multitenant import run_tenants  # noqa: E402
 from experiments.network import emulated_view  # noqa: E402
 from experiments.runner import Options, run_exchanges  # noqa: E402
 from phub.errors import PHubError  # noqa: E402
-from phub.fileio import write_csv, write_json  # noqa: E402
+from experiments.fileio import write_csv, write_json  # noqa: E402
 from tidy import COLUMNS, chunks_per_worker, git_commit, tidy_row  # noqa: E402
 
 
