@@ -30,6 +30,28 @@ def test_the_library_imports_nothing_of_the_harness():
     assert found == []
 
 
+def _shared_basenames(root: Path) -> dict:
+    """Module basenames (without `__init__`) that more than one module under `root` has: name ->
+    the modules' paths. A C source counts by the extension it builds (`_fastpath.c`: `_fastpath`)."""
+    paths = {}
+    for path in sorted(root.rglob("*.py")) + sorted(root.rglob("*.c")):
+        if path.stem != "__init__" and "__pycache__" not in path.parts:
+            paths.setdefault(path.stem, []).append(str(path.relative_to(root)))
+    return {name: where for name, where in paths.items() if len(where) > 1}
+
+
+def test_no_two_library_modules_share_a_name():
+    """One name per concept: a reader who meets `core` or `worker` finds one module of that name."""
+    assert _shared_basenames(ROOT / "phub") == {}
+
+
+def test_the_basename_check_sees_a_shared_name(tmp_path):
+    for path in ("a/worker.py", "b/worker.py", "b/__init__.py", "__init__.py", "c.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert _shared_basenames(tmp_path) == {"worker": ["a/worker.py", "b/worker.py"]}
+
+
 def test_the_harness_sits_at_the_top_of_the_checkout():
     """The brief's layout: experiments/ and analysis/ beside phub/, installed from there."""
     import analysis

@@ -1,5 +1,5 @@
 """One server core's protocol (phub.protocol.core.CoreProtocol) driven without sockets or
-processes: connections are phub.testing.MemoryConnections, time is a FakeClock, and every frame
+processes: connections are phub.protocol.testing.MemoryConnections, time is a FakeClock, and every frame
 goes in as the bytes a worker would send. Each test checks the frames that come back, the
 connections that are closed and the job's end; results against the closed form."""
 import json
@@ -14,7 +14,7 @@ from phub.reduction.kernels import get_backend
 from phub.reduction.optim import SGD
 from phub.protocol.admission import HANDSHAKE_SECONDS, MAX_PENDING_PER_ADDRESS
 from phub.protocol.core import CoreProtocol, drain_pushes
-from phub.testing import FakeClock, MemoryConnection, feed, frames_of
+from phub.protocol.testing import FakeClock, MemoryConnection, feed, frames_of
 from conftest import refused
 
 K = wire.Kind

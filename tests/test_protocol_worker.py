@@ -10,7 +10,7 @@ from phub.network.tcp import TcpWorkerPath
 from phub.errors import JobFailed, PHubError, ProtocolError
 from phub.client.handle import Handle
 from phub.protocol.worker import ServerReportedError, WorkerProtocol
-from phub.testing import feed, frame_of
+from phub.protocol.testing import feed, frame_of
 from conftest import refused
 
 K = wire.Kind

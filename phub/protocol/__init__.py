@@ -1,7 +1,7 @@
 """phub's protocol, with no I/O: what the frames on a connection mean and what each side answers.
 
 The network paths (`phub.network`) only move bytes; these modules decide. Each is driven by its
-side's I/O loop and tested by feeding it frames (`phub.testing`):
+side's I/O loop and tested by feeding it frames (`phub.protocol.testing`):
 
 - `wire`          framing: the 32-byte header, data and control frames, `FrameReceiver`
 - `messages`      one validator per control message (types and bounds, ProtocolError naming the field)

@@ -1,7 +1,7 @@
 """The protocol of one server core, with no I/O: what each frame means and what goes back.
 
 `CoreProtocol` is handed connections (objects that queue bytes: `send`, `finish`, `close`; a
-`links.Link` in a server, `phub.testing.MemoryConnection` in a test) and the frames that
+`links.Link` in a server, `phub.protocol.testing.MemoryConnection` in a test) and the frames that
 arrive on them; it answers by sending on them. The core's loop (`phub.server.coreloop`) only moves bytes:
 
     connection_made(conn, interface, address)    a worker or another rack connected (or refuse)

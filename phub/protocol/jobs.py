@@ -1,7 +1,7 @@
 """What one server core knows about each job and each connection (no I/O; see core.py).
 
 A connection here is whatever object the core's loop hands the protocol for it: a
-`links.Link` in a server, a `phub.testing.MemoryConnection` in a test.
+`links.Link` in a server, a `phub.protocol.testing.MemoryConnection` in a test.
 """
 from __future__ import annotations
 

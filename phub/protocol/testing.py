@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional
 
-from .protocol import wire
+from . import wire
 
 __all__ = ["MemoryConnection", "FakeClock", "feed", "frame_of", "frames_of"]
 
