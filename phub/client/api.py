@@ -26,12 +26,11 @@ import numpy as np
 
 from . import exiting
 from ..protocol import wire
-from ..reduction.chunking import ChunkPlan, Topology
+from ..reduction.chunking import ChunkPlan, Topology, as_float32
 from .ioloop import ClientLoop
 from ..protocol.worker import WorkerProtocol, awaited_by, expect_entry
 from ..network.datapath import DEFAULT_TRANSPORT, worker_path
 from .sidechannels import SideChannels
-from ..reduction.kernels import as_float32
 from ..config import check_timeout
 from ..errors import ConfigError, JobFailed, PHubError, PHubTimeout
 from ..network.fastpath_contract import fastpath

@@ -65,7 +65,8 @@ class ClientLoop:
                         self._drain_commands()
                     else:
                         key.data.service(mask)
-                self._data.deliver(self._protocol.expect)  # results that landed outside the links (RDMA writes)
+                if self._data.nap is not None:  # results may land outside the links (RDMA writes)
+                    self._data.deliver(self._protocol.expect)
                 flush_links(self._outbox)
                 if self._closing and not self._commands and not any(l.outq for l in self._links):
                     return

@@ -13,7 +13,7 @@ import numpy as np
 from ..protocol import messages, wire
 from ..config import check_timeout
 from ..errors import ConfigError
-from ..reduction.kernels import as_float32
+from ..reduction.chunking import as_float32
 from .handle import Handle
 
 MAX_SHARE_BYTES = 1 << 20  # a shared value's JSON (see share)

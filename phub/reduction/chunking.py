@@ -19,7 +19,9 @@ import hashlib
 import heapq
 import json
 from dataclasses import dataclass
-from typing import Dict, Hashable, Iterable, List, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..errors import ConfigError
 
@@ -106,6 +108,18 @@ def array_elements(key: Hashable, shape) -> int:
     if size == 0:
         raise ConfigError(f"array {key!r} has shape {dims!r}, which holds no elements")
     return size
+
+
+def as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
+    """`array` (a user's `name` for `key`: a gradient, an output, initial values) as the flat
+    float32 view the plan's chunks are slices of (ITEMSIZE bytes an element); ConfigError unless
+    it is a C-contiguous float32 numpy array, of `size` elements when given. No copy: the
+    caller's memory is what is sent and written into."""
+    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
+        raise ConfigError(f"{name} for key {key!r} must be a C-contiguous float32 numpy array")
+    if size is not None and array.size != size:
+        raise ConfigError(f"{name} for key {key!r} has {array.size} elements, the key was registered with {size}")
+    return array.reshape(-1)
 
 
 class ChunkPlan:

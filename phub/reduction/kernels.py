@@ -17,11 +17,8 @@ Two backends expose the same functions, on 1-D C-contiguous float32 numpy arrays
 # * Bit-identical to this numpy reference: setup.py builds it with -ffp-contract=off (no fused
 #   multiply-add), and the C loops follow the same float32 operation order statement by statement.
 import warnings
-from typing import Optional
 
 import numpy as np
-
-from ..errors import ConfigError
 
 try:
     from phub import _fastkernels as _fk
@@ -36,18 +33,6 @@ FAST_AVAILABLE: bool = _fk is not None
 BACKENDS = ("reference", "fast", "auto")
 
 _F32 = np.dtype(np.float32)
-
-
-def as_float32(name: str, key, array, size: Optional[int] = None) -> np.ndarray:
-    """`array` (a user's `name` for `key`: a gradient, an output, initial values) as the flat
-    float32 view every kernel and data path takes; ConfigError unless it is a C-contiguous float32
-    numpy array, of `size` elements when given. No copy: the caller's memory is what is sent and
-    written into."""
-    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
-        raise ConfigError(f"{name} for key {key!r} must be a C-contiguous float32 numpy array")
-    if size is not None and array.size != size:
-        raise ConfigError(f"{name} for key {key!r} has {array.size} elements, the key was registered with {size}")
-    return array.reshape(-1)
 
 
 def _describe(a):
