@@ -13,7 +13,7 @@ import sys
 from typing import List, Optional
 
 from phub.reduction.chunking import DEFAULT_CHUNK_BYTES
-from phub.cli import Parser, frame_chunk_bytes, int_in, positive_int, run_command, seconds
+from phub.launching.arguments import Parser, frame_chunk_bytes, int_in, positive_int, run_command, seconds
 from phub.config import MAX_CORES, MAX_LANES, MAX_SIMULATED_RACKS, TRANSPORTS
 from phub.protocol.messages import MAX_WORKERS
 

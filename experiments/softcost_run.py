@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from phub.cli import int_in, seconds
+from phub.launching.arguments import int_in, seconds
 from phub.errors import ConfigError, PHubError
 
 from . import softcost

@@ -11,75 +11,9 @@ from typing import List, Optional
 from .reduction.chunking import DEFAULT_CHUNK_BYTES
 from .config import TRANSPORTS
 from .network.datapath import DEFAULT_TRANSPORT
-from .errors import ConfigError, PHubError
-
-
-def _comma_list(what: str):
-    """An argparse type: a comma-separated list of at least one `what`."""
-    def parse(text: str):
-        items = tuple(part.strip() for part in text.split(",") if part.strip())
-        if not items:
-            raise argparse.ArgumentTypeError(f"give at least one {what}")
-        return items
-    return parse
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def int_in(low: int, high: int):
-    """An argparse type: an integer in [low, high]."""
-    def integer(text: str) -> int:
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
-        return value
-    return integer
-
-
-def frame_chunk_bytes(text: str) -> int:
-    """An argparse type: a chunk size a frame can carry (whole float32 elements)."""
-    from .reduction.chunking import ITEMSIZE, MAX_CHUNK_BYTES
-
-    value = int(text)
-    if not ITEMSIZE <= value <= MAX_CHUNK_BYTES or value % ITEMSIZE:
-        raise argparse.ArgumentTypeError(f"must be a multiple of {ITEMSIZE} in [{ITEMSIZE}, {MAX_CHUNK_BYTES}] "
-                                         f"(what a frame carries), got {value}")
-    return value
-
-
-def seconds(text: str) -> float:
-    from .config import check_timeout
-
-    try:
-        return check_timeout(float(text), "the value")
-    except (ValueError, ConfigError) as exc:
-        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ConfigError) else f"not a number: {text!r}")
-
-
-def _peers(text: str):
-    from .config import check_peer
-
-    peers = tuple(p.strip() for p in text.split(",") if p.strip())
-    try:
-        for peer in peers:
-            check_peer(peer)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("--peers: ", ""))
-    return peers
-
-
-def _job_bytes(text: str) -> int:
-    from .config import MIN_JOB_BYTES
-
-    value = int(text)
-    if not MIN_JOB_BYTES <= value <= 1 << 40:
-        raise argparse.ArgumentTypeError(f"must be in [{MIN_JOB_BYTES}, {1 << 40}] bytes, got {value}")
-    return value
+from .errors import ConfigError
+from .launching.arguments import (Parser, comma_list, frame_chunk_bytes, int_in, job_bytes, peer_list,
+                                  positive_int, run_command, seconds)
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +21,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--cores", type=int_in(1, MAX_CORES), default=1,
                         help="server processes, one per core (default 1)")
-    parser.add_argument("--interfaces", type=_comma_list("IPv4 address"), default=("127.0.0.1",),
+    parser.add_argument("--interfaces", type=comma_list("IPv4 address"), default=("127.0.0.1",),
                         help="comma-separated IPv4 addresses the server listens on: the PBox's NICs "
                              "(default 127.0.0.1)")
     parser.add_argument("--port", type=int_in(0, MAX_PORT), default=0,
@@ -102,7 +36,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=seconds, default=None,
                         help="seconds a job's workers may take to connect once the first has, before the "
                              "server fails the job naming the missing ranks (default 60, at most --timeout)")
-    parser.add_argument("--max-job-bytes", type=_job_bytes, default=None,
+    parser.add_argument("--max-job-bytes", type=job_bytes, default=None,
                         help="bytes of arrays one job may register (default 2 GiB); the server needs about "
                              "(workers + 3) times this in memory")
     parser.add_argument("--simulate-racks", type=int_in(1, MAX_SIMULATED_RACKS), default=1, metavar="R",
@@ -116,7 +50,7 @@ def _add_transport_option(parser: argparse.ArgumentParser) -> None:
                         help="how chunks move: tcp (default), verbs (RDMA; refused at start, with the "
                              "reason, unless `phub doctor` says it can run here), or soft-verbs (the verbs "
                              "data path in software, between processes of one machine: for testing)")
-    parser.add_argument("--rdma-devices", type=_comma_list("RDMA port"), default=(),
+    parser.add_argument("--rdma-devices", type=comma_list("RDMA port"), default=(),
                         help="with --transport verbs: the RDMA port (NAME[:PORT], see `phub doctor`) serving "
                              "each interface, comma-separated in --interfaces order (default: the first "
                              "usable port for all)")
@@ -226,16 +160,6 @@ def cmd_hostfile(args) -> int:
     return 0
 
 
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line, `COMMAND: error: ...` naming the option, exit status 2 (as a bad
-    value). Subparsers are made of the same class, so a subclass names its own command."""
-
-    command = "phub"
-
-    def error(self, message: str):
-        self.exit(2, f"{self.command}: error: {message} (see `{self.prog} --help`)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .protocol.messages import MAX_WORKERS
 
@@ -252,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "cleanly takes its next run, with the same id)")
     _add_transport_option(server)
     server.add_argument("--rack", type=int, default=0, help="this server's rack (with --peers)")
-    server.add_argument("--peers", type=_peers, default=(),
+    server.add_argument("--peers", type=peer_list, default=(),
                         help="two-phase reduction: every rack server's HOST[+HOST...]:PORT (its interfaces' addresses, "
                              "in interface order) in rack order, this one included")
     server.add_argument("--report-joins", action="store_true", help=argparse.SUPPRESS)  # for the launcher
@@ -316,17 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.set_defaults(func=cmd_hostfile)
 
     return parser
-
-
-def run_command(parser: Parser, argv: Optional[List[str]] = None) -> int:
-    """Parse `argv` and run the chosen command; its ConfigError exits 2, other phub and OS errors 1,
-    each as one line naming the command."""
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ConfigError, PHubError, OSError) as exc:
-        print(f"{parser.command}: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:

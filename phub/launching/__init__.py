@@ -10,4 +10,6 @@ and `phub hostfile` run; the commands themselves are parsed in `phub.cli`).
 - `hostfile`    a YAML hostfile, read into a `Cluster`
 - `doctor`      what this machine has, and which transports and experiment modes can run
 - `selftest`    does this installation work as a parameter server (one small job on loopback)
+- `arguments`   what the command lines share: option types, the parser and runner of `phub.cli`
+                and of the harness's command
 """
