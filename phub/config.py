@@ -14,7 +14,7 @@ MAX_TIMEOUT = 10**6  # seconds (11 days): what every wait may be given, and stil
 # How long a job's workers may take to connect once the first has (at most the server's timeout):
 # the others learn who is missing then, not after a step's whole timeout.
 DEFAULT_CONNECT_TIMEOUT = 60.0
-MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered values: see messages.py
+MIN_JOB_BYTES, DEFAULT_MAX_JOB_BYTES = 1 << 20, 2 << 30  # a job's registered values: see protocol/messages.py
 MAX_CORES = 1024  # server processes, one per core: far beyond a PBox's 28 threads
 MAX_LANES = 4096  # connections a worker opens to one server (interfaces x cores x lanes per pair), as HELLO allows
 MAX_PORT = 65535

@@ -10,5 +10,6 @@ side's I/O loop and tested by feeding it frames (`phub.protocol.testing`):
 - `worker`        `WorkerProtocol`: a worker's side (handshake, results, READY, SHARE, ERROR);
                   driven by the client's I/O thread (`phub.client.ioloop`)
 - `jobs`          what a core knows of a job and of a connection; `admission`: strangers
-- `phub.reduction.aggregation`, `phub.reduction.hierarchy`: the per-chunk state machines the server side feeds
+- `testing`       the doubles that drive both state machines without sockets or time
+- `phub.reduction`'s `aggregation` and `hierarchy`: the per-chunk state machines the core feeds
 """
