@@ -7,6 +7,7 @@ file or key instead of copying the number, so a rerun cannot leave a page behind
 notebooks (docs/lab-notes.md, docs/data-path-log.md) keep the figures of their day and are not
 checked; docs/results/ is generated.
 """
+import json
 import re
 import subprocess
 import sys
@@ -112,3 +113,15 @@ def test_a_module_that_does_not_import_fails_the_api_build(tmp_path, monkeypatch
     problems = build_api.build(tmp_path / "out", modules=["brokenpkg"])
     assert any("brokenpkg.bad" in problem and "no such dependency" in problem for problem in problems), problems
     assert not (tmp_path / "out").exists()
+
+
+def test_the_readme_states_the_committed_ddp_benchmarks_ratios():
+    # The one benchmark figure the README states (its PyTorch section), checked against the
+    # committed output of the command it names, so that a rerun that changes them fails here.
+    summary = json.loads((ROOT / "benchmarks" / "results" / "ddp_loop.json").read_text())["summary"]
+    ratios = {shape: summary["shapes"][shape]["ratio_over_gloo"] for shape in ("mlp", "resnet")}
+    text = " ".join(README.read_text().split())
+    assert "python benchmarks/ddp_loop.py --out benchmarks/results/ddp_loop.json" in text
+    assert (f"the hook at {ratios['mlp']['hook']:.2f}x Gloo's steps per second on a communication-heavy MLP "
+            f"and {ratios['resnet']['hook']:.2f}x on a small ResNet, `ServerOptimizer` at "
+            f"{ratios['mlp']['server']:.2f}x and {ratios['resnet']['server']:.2f}x") in text
