@@ -3,9 +3,10 @@ claim, and the words for our setup. The causes of a difference are in `causes`."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List
 
+import numpy as np
 import pandas as pd
 
 from .. import derive
@@ -19,28 +20,43 @@ SETTING_WORDS = {"cloud10g": "10 Gbps cloud", "ib56g": "56 Gbps InfiniBand"}
 
 @dataclass
 class Runs:
-    """All run rows, and the evidence of any selection of them."""
+    """All run rows, and the evidence of any selection of them. Each experiment's rows and their
+    failed-verification mask are split out once (the claims select from them hundreds of times);
+    every selection is a new frame, so callers may add columns to it."""
     rows: pd.DataFrame
+    _split: Dict[str, tuple] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _experiment(self, name: str) -> tuple:
+        if name not in self._split:
+            rows = _all_rows(self.rows, name)
+            self._split[name] = (rows, derive.failed_verification(rows).to_numpy(dtype=bool))
+        return self._split[name]
 
     def kept(self, name: str, **where) -> pd.DataFrame:
         """The rows of experiment `name` matching `where` that may feed a number."""
-        rows = select(_all_rows(self.rows, name), **where)
-        return rows[~derive.failed_verification(rows)]
+        rows, failed = self._experiment(name)
+        return rows[matching(rows, **where) & ~failed]
 
     def evidence(self, name: str, **where) -> Evidence:
-        rows = select(_all_rows(self.rows, name), **where)
-        failed = derive.failed_verification(rows)
-        return Evidence.of(rows[~failed], rows[failed])
+        rows, failed = self._experiment(name)
+        chosen = matching(rows, **where)
+        return Evidence.of(rows[chosen & ~failed], rows[chosen & failed])
+
+
+def matching(frame: pd.DataFrame, **where) -> np.ndarray:
+    """The mask of `frame`'s rows where each column equals the value given, or is in it when a
+    list/tuple/set is given."""
+    mask = np.ones(len(frame), dtype=bool)
+    for column, wanted in where.items():
+        values = frame[column]
+        equal = values.isin(list(wanted)) if isinstance(wanted, (list, tuple, set)) else values == wanted
+        mask &= equal.to_numpy(dtype=bool, na_value=False)  # NA compares as no match, as in boolean indexing
+    return mask
 
 
 def select(frame: pd.DataFrame, **where) -> pd.DataFrame:
     """Rows where each column equals the value given, or is in it when a list/tuple/set is given."""
-    for column, wanted in where.items():
-        if isinstance(wanted, (list, tuple, set)):
-            frame = frame[frame[column].isin(list(wanted))]
-        else:
-            frame = frame[frame[column] == wanted]
-    return frame
+    return frame[matching(frame, **where)] if where else frame
 
 
 def setup(rows: pd.DataFrame) -> str:
