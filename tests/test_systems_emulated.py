@@ -11,9 +11,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="the emulated rack needs root and iproute2")
 
 # Links at 100 Mbit/s: at 200, the preflight's Python senders (five links both ways) needed most
-# of a 2-core machine and, once in a full suite run, measured every link 20% short.
+# of a 2-core machine and, once in a full suite run, measured every link 20% short. Even at 100 a
+# loaded CI run measured one link 18% short; what these tests check is that every system runs
+# verified in a rack, not the links' accuracy (tests/test_rack.py holds them to 10%), so the
+# preflight here only refuses a link that is far off.
 SPEC = {"racks": 1, "workers_per_rack": 2, "pbox_interfaces": 2, "link_gbps": 10,
-        "scale": {"network": 100, "model": 200}, "preflight": {"seconds": 0.5}}
+        "scale": {"network": 100, "model": 200}, "preflight": {"seconds": 0.5, "tolerance": 0.4}}
 
 
 @pytest.mark.parametrize("system", ["phub", "pshard", "pslite-central", "pslite-shard", "gloo-ring"])
