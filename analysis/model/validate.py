@@ -230,7 +230,7 @@ def rack_simulation_predictions(fitted: Dict[str, RoleCosts], overheads: pd.Data
     seconds = dict(zip(keys, simulate_many(tasks)))
     measured = _measured_rack_overheads(runs) if runs is not None and not runs.empty else {}
     rows = []
-    middle = _spread({q: q for q in ratios})["predicted"]
+    middle = _middle(ratios)
     for row in overheads.itertuples():
         values = {q: 100 * (seconds[(row.model, int(row.racks), q)] / seconds[(row.model, 1, q)] - 1) for q in ratios}
         job = paper_job("phub", row.model)
@@ -258,12 +258,16 @@ def _measured_rack_overheads(runs: pd.DataFrame) -> Dict[tuple, float]:
     return ours.groupby(["model", "racks"])["overhead_pct"].median().to_dict() if not ours.empty else {}
 
 
+def _middle(ratios: Sequence[float]) -> float:
+    """The ratio a prediction is quoted at: 1 if given, else the middle one."""
+    ratios = sorted(ratios)
+    return 1.0 if 1.0 in ratios else ratios[len(ratios) // 2]
+
+
 def _spread(values: Dict[float, float]) -> dict:
-    """The value at ratio 1 (or the middle ratio) and the range over all ratios."""
-    ratios = sorted(values)
-    middle = 1.0 if 1.0 in values else ratios[len(ratios) // 2]
-    return {"predicted": values[middle], "low": min(values.values()), "high": max(values.values()),
-            "ratios": ",".join(f"{r:g}" for r in ratios)}
+    """The value at the middle ratio (`_middle`) and the range over all ratios."""
+    return {"predicted": values[_middle(values)], "low": min(values.values()), "high": max(values.values()),
+            "ratios": ",".join(f"{r:g}" for r in sorted(values))}
 
 
 def counts_check(softcost: pd.DataFrame) -> pd.DataFrame:
