@@ -149,6 +149,16 @@ def test_malformed_file_names_file_and_column(tmp_path, change, expected):
     assert "bad.csv" in str(info.value) and expected in str(info.value)
 
 
+def test_a_bad_value_is_named_in_its_own_file_among_several(tmp_path):
+    """Run files are converted together: the error still names the file and line of the value."""
+    good = pd.DataFrame(synthetic_runs().head(3))
+    good.to_csv(tmp_path / "a.csv", index=False)
+    good.assign(repeat=["1", "2", "x"]).to_csv(tmp_path / "b.csv", index=False)
+    with pytest.raises(results.ResultsError) as info:
+        results.load(tmp_path)
+    assert str(info.value).startswith(str(tmp_path / "b.csv")) and "column 'repeat', line 4: 'x'" in str(info.value)
+
+
 def test_derived_numbers_match_the_hand_made_data(loaded):
     runs = loaded.runs
     speed = derive.median(derive.speedups(runs), ["model", "setting", "system"], "speedup")
