@@ -91,13 +91,14 @@ def wire_rows(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (model, racks) of the wire series: the median time per iteration, the scheme's bound,
     the scheme replayed (`replayed_bound`, from the first repeat's row: the same for every repeat),
     the measured floor (the busiest link's bytes at its rate, or the compute), their ratios, the
-    worst bound of the repeats, whether most repeats were CPU-bound (`cpu_bound`: this machine's
+    median share of this machine's cores the repeats kept busy (`cores_busy`), the worst bound of
+    the repeats, whether most repeats were CPU-bound (`cpu_bound`: this machine's
     cores, not the links, held them) and the overhead over one rack."""
     rack = derive.experiment(runs, "cross_rack").dropna(subset=["seconds_per_iteration", "racks"])
     rack = derive.rack_series(rack[rack["system"] == "phub"])
     rack = rack[rack["series"] == derive.WIRE]
     columns = ["model", "racks", "workers", "seconds", "scheme_bound", "replayed", "floor", "over_scheme",
-               "over_replayed", "floor_over_scheme", "overhead_pct", "bound", "cpu_bound", "repeats"]
+               "over_replayed", "floor_over_scheme", "overhead_pct", "cores_busy", "bound", "cpu_bound", "repeats"]
     if rack.empty:
         return pd.DataFrame(columns=columns)
     rack = rack.assign(scheme_bound=[scheme_bound(r) for r in rack.to_dict("records")])
@@ -113,6 +114,8 @@ def wire_rows(runs: pd.DataFrame) -> pd.DataFrame:
                     "over_replayed": seconds / replayed,
                     "floor_over_scheme": floor / bound,
                     "overhead_pct": (seconds / one[model] - 1) * 100 if model in one and racks > 1 else math.nan,
+                    "cores_busy": pd.to_numeric(rows.get("cpu_busy"), errors="coerce").median()
+                    if "cpu_busy" in rows else math.nan,
                     "bound": normalize.worst(rows["bound"].fillna("")) if "bound" in rows else "",
                     "cpu_bound": bool(rows["bound"].isin(normalize.NOT_COMPARABLE).mean() > 0.5)
                     if "bound" in rows else False,
@@ -143,15 +146,16 @@ def report_lines(runs: pd.DataFrame) -> List[str]:
              "their owner rack and back after backward ends. An implementation can reach the replay, not the "
              f"bound. Goal: time ≤ {GOAL:g} × the scheme replayed; met at {int(met.sum())} of {len(judged)} "
              f"points.{unjudged} *measured floor / bound* near 1 says the links carried what the scheme says (the "
-             "floor is the busiest link's measured bytes at its rate).", "",
+             "floor is the busiest link's measured bytes at its rate); *cores busy* is the median share of this "
+             "machine's cores the repeats kept busy (one PBox and two workers a rack share them).", "",
              "| model | racks | workers | s per iteration | overhead vs one rack | scheme's bound (s) | time / bound "
-             "| scheme replayed (s) | time / replayed | measured floor / bound | bound | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| scheme replayed (s) | time / replayed | measured floor / bound | cores busy | bound | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows.itertuples():
         overhead = "—" if math.isnan(r.overhead_pct) else f"{r.overhead_pct:+.0f}%"
         lines.append(f"| {r.model} | {r.racks} | {r.workers} | {r.seconds:.3f} | {overhead} | {r.scheme_bound:.3f} | "
                      f"{r.over_scheme:.2f} | {_fmt(r.replayed, 3)} | {_fmt(r.over_replayed)} | "
-                     f"{_fmt(r.floor_over_scheme)} | {r.bound or '—'} | "
+                     f"{_fmt(r.floor_over_scheme)} | {_percent(r.cores_busy)} | {r.bound or '—'} | "
                      f"{_goal(r)} |")
     return lines
 
@@ -160,6 +164,10 @@ def _goal(row) -> str:
     if row.cpu_bound:
         return "CPU-bound here"
     return "met" if row.over_replayed <= GOAL else "missed"
+
+
+def _percent(share: float) -> str:
+    return "—" if math.isnan(share) else f"{share:.0%}"
 
 
 def _fmt(value: float, digits: int = 2) -> str:

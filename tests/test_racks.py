@@ -46,10 +46,11 @@ def test_headers_and_compute_raise_the_bound_and_a_missing_rate_gives_nan():
 
 def test_the_report_section_judges_the_wire_series_against_the_scheme_not_the_paper():
     rows = [rack_row(repeat=r, seconds_per_iteration=0.0085) for r in range(3)]
-    rows += [rack_row(racks=2, workers=4, repeat=r, seconds_per_iteration=0.0150, floor_seconds=0.0121)
-             for r in range(3)]
+    rows += [rack_row(racks=2, workers=4, repeat=r, seconds_per_iteration=0.0150, floor_seconds=0.0121,
+                      cpu_busy=busy) for r, busy in enumerate([0.3, 0.5, 0.4])]
     rows += [rack_row(racks=2, workers=4, simulated_racks=2, seconds_per_iteration=5.0)]  # the other series
     table = racks.wire_rows(pd.DataFrame(rows))
+    assert math.isnan(table.iloc[0]["cores_busy"]) and table.iloc[1]["cores_busy"] == pytest.approx(0.4)
     assert list(table["racks"]) == [1, 2]
     two = table.iloc[1]
     assert two["over_scheme"] == pytest.approx(0.0150 / 0.012) and two["overhead_pct"] == pytest.approx(
@@ -61,7 +62,7 @@ def test_the_report_section_judges_the_wire_series_against_the_scheme_not_the_pa
     assert f"met at {met} of 2 points" in text
     goal = "met" if 0.0150 / replayed <= racks.GOAL else "missed"
     assert (f"| alexnet | 2 | 4 | 0.015 | +76% | 0.012 | 1.25 | {replayed:.3f} | {0.0150 / replayed:.2f} | 1.01 "
-            f"| wire | {goal} |") in text
+            f"| 40% | wire | {goal} |") in text
     assert racks.report_lines(pd.DataFrame(rows[-1:])) == ["No cross-rack runs with racks on the wire in this run."]
 
 
