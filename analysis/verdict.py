@@ -48,7 +48,9 @@ model) with the paper's. **not testable here** is a measured number that could n
 whatever the system under test did: each run has a *floor* (the larger of its replayed compute and
 its busiest link's bytes at the configured rate), and the best the run allows (the baseline's
 time over the system's floor, for a speedup) lies short of the agreement band around the paper's
-value; the row gives that ceiling and what sets it, and does not count as measured. Every
+value; the row gives that ceiling and what sets it, and does not count as measured. So is a number
+that its repeats alone could move across an edge of the agreement band (ours ± its *spread*, said
+with the repeats it comes from): agree or differ there would be the luck of the repeats. Every
 **differ** names its cause: one the rows show moved this number in the direction of the
 difference, with its share of the gap, or "{CAUSE_UNKNOWN}". **derived** rows are computed from the
 paper's own numbers, or from our measurement plus a stated model; they show the computation and
@@ -179,6 +181,22 @@ class Ceiling:
 
 
 @dataclass
+class Spread:
+    """How far this run's repeats alone move a claim's number: ± `value` in the claim's unit (for
+    a ratio of two points' medians, each point's half-range over its median, added). `mechanism`
+    says from which repeats, with their figures."""
+    value: float
+    mechanism: str
+
+    def straddles(self, ours: float, low: float, high: float) -> bool:
+        """True when ours ± the spread reaches across an edge of the agreement band [low, high]."""
+        if math.isnan(self.value) or math.isnan(ours):
+            return False
+        below, above = ours - self.value, ours + self.value
+        return any(below < edge < above for edge in (low, high) if not math.isinf(edge))
+
+
+@dataclass
 class Claim:
     """A paper claim. `kind` is ratio | percent | at_least | order | exact | paper_only.
 
@@ -189,7 +207,8 @@ class Claim:
     no data or paper only; `cause` is a differ's cause (a measured one or CAUSE_UNKNOWN); `note`
     qualifies any verdict. `evidence` holds the run rows behind a measured claim. `ceiling`, where
     the claim can compute one, is the best this run allows; a measured differ whose agreement band
-    lies wholly beyond it is **not testable here**.
+    lies wholly beyond it is **not testable here**; so is a measured verdict whose `spread` (what
+    the repeats alone move the number by) reaches across an edge of the agreement band.
     """
     section: str
     claim: str
@@ -204,6 +223,7 @@ class Claim:
     cause: str = ""
     evidence: Optional[Evidence] = None
     ceiling: Optional[Ceiling] = None
+    spread: Optional[Spread] = None
 
     @property
     def missing(self) -> bool:
@@ -257,6 +277,13 @@ class Claim:
         return self.ceiling is None or band is None or not self.ceiling.excludes(*band)
 
     @property
+    def resolvable(self) -> bool:
+        """False when the repeats alone could move the number across an edge of the agreement band."""
+        band = self.band
+        return (self.spread is None or band is None or not isinstance(self.ours, (int, float))
+                or not self.spread.straddles(float(self.ours), *band))
+
+    @property
     def verdict(self) -> str:
         if self.kind == "paper_only":
             return PAPER_ONLY
@@ -265,6 +292,8 @@ class Claim:
         if self.basis == DERIVED_BASIS:
             return DERIVED
         comparison = self.comparison or NO_DATA
+        if comparison in (AGREE, DIFFER) and not self.resolvable:
+            return NOT_TESTABLE
         return NOT_TESTABLE if comparison == DIFFER and not self.testable else comparison
 
     @property
@@ -289,7 +318,12 @@ class Claim:
         if verdict == DIFFER:
             cause = self.full_cause
             parts.append("" if not cause else "Cause unknown." if cause == CAUSE_UNKNOWN else f"Cause: {cause}.")
-        if verdict == NOT_TESTABLE:
+        if verdict == NOT_TESTABLE and not self.resolvable:
+            low, high = self.band
+            parts.append(f"Not testable here: the repeats alone move this number by ±{fmt(self.spread.value, self.unit)} "
+                         f"({self.spread.mechanism}), across an edge of the agreement band, "
+                         f"{fmt(low, self.unit)} to {fmt(high, self.unit)}.")
+        elif verdict == NOT_TESTABLE:
             low, high = self.band
             needs = f"≥ {fmt(low, self.unit)}" if self.ceiling.side == "max" else f"≤ {fmt(high, self.unit)}"
             most = "at most" if self.ceiling.side == "max" else "at least"
@@ -316,8 +350,9 @@ class Claim:
             out.append("is derived but does not state how")
         if verdict == DIFFER and not self.full_cause:
             out.append(f"differs without a cause (a measured one or {CAUSE_UNKNOWN!r})")
-        if verdict == NOT_TESTABLE and not self.ceiling.mechanism.strip():
-            out.append("is not testable here without saying what sets its ceiling")
+        limit = self.ceiling if self.resolvable else self.spread
+        if verdict == NOT_TESTABLE and not limit.mechanism.strip():
+            out.append("is not testable here without saying what sets its ceiling or spread")
         if self.evidence is not None and self.evidence.cpu_points and self.basis == MEASURED \
                 and verdict in (AGREE, DIFFER) and CPU_MARK not in self.reason:
             out.append(f"uses CPU-bound points without saying {CPU_MARK!r}")

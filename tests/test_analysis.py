@@ -13,7 +13,7 @@ import pytest
 from analysis import __main__ as cli
 from analysis import claims as claims_mod
 from analysis import cost, derive, figures, plotting, reference, report, results
-from analysis.verdict import AGREE, DERIVED, DIFFER, NO_DATA, PAPER_ONLY, Claim
+from analysis.verdict import AGREE, DERIVED, DIFFER, NO_DATA, NOT_TESTABLE, PAPER_ONLY, Claim
 
 REF = reference.load()
 OFF = {("alexnet", "ib56g", "phub"): 2.0}  # ours = 2 x the paper's speedup here
@@ -233,7 +233,9 @@ def test_report_verdicts(loaded):
     assert best.verdict == DIFFER and best.ours == pytest.approx(15.4)
     ib = by_claim(claims, "PHub up to 2.7x faster than MXNet over InfiniBand (AlexNet, 10 Gbps cloud)")
     assert ib.verdict == PAPER_ONLY and "RDMA" in ib.reason
-    assert by_claim(claims, "Overhead of 8 racks vs one, resnet50").verdict == AGREE
+    assert by_claim(claims, "Overhead of 8 racks vs one, alexnet").verdict == AGREE
+    # the made-up repeats (2-3% around their median) could move ResNet-50's 1.9% either way
+    assert by_claim(claims, "Overhead of 8 racks vs one, resnet50").verdict == NOT_TESTABLE
     assert by_claim(claims, "Training throughput peaks at 32 KB chunks").verdict == AGREE
     assert by_claim(claims, "alexnet: PHub's iteration time / the stock PS's").verdict == AGREE
     assert by_claim(claims, "resnet269: share of the stock PS's iteration not spent computing").verdict == AGREE

@@ -39,7 +39,7 @@ import pandas as pd
 from experiments.monitor import NEAR_FLOOR, STOLEN
 
 from ..normalize import worst
-from ..verdict import CAUSE_UNKNOWN, Ceiling
+from ..verdict import CAUSE_UNKNOWN, Ceiling, Spread
 
 MIN_SHARE = 0.25  # a cause must explain at least this share of ours / paper (log scale)
 STALLED = 1.1  # a troubled run this much slower than its point's clean runs lost time to the trouble
@@ -64,6 +64,13 @@ class Side:
     def over(self) -> float:
         """Its median time over its median floor (NaN without a floor)."""
         return self.seconds / self.floor if self.floor and not math.isnan(self.floor) else math.nan
+
+    @property
+    def half_range(self) -> float:
+        """Half the range of its repeats' times over their median (NaN with fewer than 2)."""
+        times = pd.to_numeric(self.rows["seconds_per_iteration"], errors="coerce").dropna() \
+            if "seconds_per_iteration" in self.rows else pd.Series(dtype=float)
+        return (times.max() - times.min()) / 2 / times.median() if len(times) > 1 and times.median() > 0 else math.nan
 
     @property
     def floor_kind(self) -> str:
@@ -109,6 +116,16 @@ class TimeRatio:
         if mechanism:
             words += f"; {mechanism}"
         return Ceiling(value, side, words)
+
+    def spread(self, scale: float = 1.0) -> Optional[Spread]:
+        """What the repeats alone move the ratio by: its value times both sides' half-ranges, added
+        (times `scale`: 100 for an overhead in percent). None where a side has fewer than 2 repeats."""
+        half = self.top.half_range + self.bottom.half_range
+        if math.isnan(half):
+            return None
+        words = (f"the repeats of {self.top.label} lie within {self.top.half_range:.1%} either side of their "
+                 f"median, those of {self.bottom.label} within {self.bottom.half_range:.1%}")
+        return Spread(scale * self.value * half, words)
 
     def without(self, drop: Callable[[pd.DataFrame], pd.Series]) -> Optional[float]:
         """ours with the rows `drop` marks left out; None when a side would be left without rows."""

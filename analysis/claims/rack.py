@@ -144,9 +144,11 @@ def cross_rack_claims(runs: Runs, ref: Dict[str, Table], software_cost: Optional
                                   "one-rack iteration in CPU here, the most it could add had none of it overlapped; "
                                   "the paper's went through NICs and PCIe at 56 Gbps, a cost the scaled emulation "
                                   "shrinks with every software cost (the calibrated model's section)")
+        spread = ratio.spread(100) if here.any() and len(one) else None
         simulated = [int(k) for k in sorted(set(mine["simulated_racks"].dropna()))] if "simulated_racks" in mine else []
         out.append(Claim(RACKS, f"Overhead of {r.racks} racks vs one, {r.model}", float(r.overhead_pct),
                          value, "percent", unit="%", why=reason, note=derived.get((r.model, int(r.racks)), ""),
+                         spread=spread,
                          cause=_overhead_words(ratio_causes(ratio, 1 + float(r.overhead_pct) / 100))
                          if here.any() else CAUSE_UNKNOWN, ceiling=ceiling,
                          evidence=runs.evidence("cross_rack", system="phub", model=r.model,
