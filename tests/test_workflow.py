@@ -215,3 +215,18 @@ def test_the_papers_rack_simulation_is_its_own_series_whose_one_rack_is_the_pbox
     # the points without a simulation keep the measurement digests they had before the series existed
     wire = grid["cross_rack/alexnet-r2"]
     assert "simulated_racks" not in wire and run_shape.options_for(wire).simulated_racks == 1
+
+
+def test_the_racks_on_the_wire_may_stretch_their_time_and_nothing_else_does():
+    config = load("config/config.yaml")
+    base = points.by_key(config)
+    config["experiments"]["cross_rack"]["time_stretch"] = 2 * config["rack"]["time_stretch"]
+    jsonschema.validate(config, yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text()))
+    stretched = points.by_key(config)
+    wire, before = stretched["cross_rack/resnet50-r6"], base["cross_rack/resnet50-r6"]
+    assert wire["rack"]["scale"]["model"] == pytest.approx(before["rack"]["scale"]["model"] / 2)
+    assert wire["rack"]["scale"]["network"] == before["rack"]["scale"]["network"]
+    assert wire["chunk_bytes"] == pytest.approx(2 * before["chunk_bytes"], rel=0.01)
+    changed = {k for k in base if base[k]["measurement"] != stretched[k]["measurement"]}
+    assert changed == {k for k in base if k.startswith("cross_rack/") and "/sim-" not in k}
+

@@ -48,23 +48,24 @@ MEASUREMENT_KEYS = ("system", "model", "workers", "racks", "interfaces", "cores"
                     "variant", "network", "rack", "repeats", "iterations", "warmup", "verify", "hostfile")
 
 
-def _scale(config: dict, gbps: float, model_scale: float = 0.0) -> dict:
+def _scale(config: dict, gbps: float, model_scale: float = 0.0, time_stretch: float = 0.0) -> dict:
     settings = config.get("rack", {})
     limit = settings.get("max_link_mbit", DEFAULT_MAX_LINK_MBIT)
     s_n = gbps * 1000 / limit
-    s_m = model_scale or s_n / settings.get("time_stretch", DEFAULT_TIME_STRETCH)
+    s_m = model_scale or s_n / (time_stretch or settings.get("time_stretch", DEFAULT_TIME_STRETCH))
     return {"network": round(s_n, 6), "model": round(s_m, 6)}
 
 
 def _rack(config: dict, racks: int, workers_per_rack: int, interfaces: int, gbps: float,
-          oversubscription: float = 1.0, model_scale: float = 0.0, pbox_nic_gbps: float = 0.0) -> dict:
+          oversubscription: float = 1.0, model_scale: float = 0.0, pbox_nic_gbps: float = 0.0,
+          time_stretch: float = 0.0) -> dict:
     rack = {"racks": racks, "workers_per_rack": workers_per_rack, "pbox_interfaces": interfaces,
             "link_gbps": gbps, "oversubscription": float(oversubscription)}
     if pbox_nic_gbps:  # the PBox's headroom (the paper's had 10 NICs for 8 workers); else the hosts' rate
         rack["pbox_nic_gbps"] = pbox_nic_gbps
     passed = {k: v for k, v in config.get("rack", {}).items()
               if k not in ("max_link_mbit", "time_stretch", "chunk_bytes", "chunk_bytes_paper", "min_chunk_bytes")}  # preflight, port, queueing
-    rack.update(passed, scale=_scale(config, gbps, model_scale))
+    rack.update(passed, scale=_scale(config, gbps, model_scale, time_stretch))
     return rack
 
 
@@ -137,14 +138,17 @@ def _cross_rack(config: dict, exp: dict) -> Iterator[dict]:
     core. And the paper's own method (`simulated`): one PBox stands in for R racks by sending
     each aggregated chunk back to itself and aggregating it again R times (`--simulate-racks`);
     its one-rack point is the plain PBox run, and R > 1 cannot be checked against the oracle
-    (the simulation sums R times), so those points run unverified."""
+    (the simulation sums R times), so those points run unverified. The wire series may set its
+    own `time_stretch` (the same messages over a longer iteration), which the simulation keeps
+    from `rack:`, as its one rack is the pbox point."""
     for model in exp["models"]:
         for racks in exp["racks"]:
             workers = racks * exp["workers_per_rack"]
             yield _point(config, exp, "cross_rack", f"{model}-r{racks}", system="phub", model=model, workers=workers,
                          racks=racks, interfaces=exp["interfaces"],
                          rack=_rack(config, racks, exp["workers_per_rack"], exp["interfaces"], exp["link_gbps"],
-                                    pbox_nic_gbps=exp.get("pbox_nic_gbps", 0.0)))
+                                    pbox_nic_gbps=exp.get("pbox_nic_gbps", 0.0),
+                                    time_stretch=exp.get("time_stretch", 0.0)))
     sim = exp.get("simulated")
     if not sim or not sim.get("enabled", True):
         return
