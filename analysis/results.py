@@ -109,6 +109,11 @@ def _dtype(column: str) -> str:
 _LINE = "_line"  # a run row's line in its file (line 1 is the header), for error messages only
 
 
+def _first_line(mask: pd.Series) -> int:
+    """The line in its file of the first True in a one-file mask (line 1 is the header)."""
+    return int(mask.to_numpy().nonzero()[0][0]) + 2
+
+
 def _first_bad(frame: pd.DataFrame, mask: pd.Series) -> tuple:
     """(file, line) of the first True in mask: the rows of every run file, concatenated."""
     i = int(mask.to_numpy().nonzero()[0][0])
@@ -183,7 +188,7 @@ def _convergence(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     for column in ("workers", "epoch", "loss"):
         numbers = pd.to_numeric(frame[column].str.strip(), errors="coerce")
         if numbers.isna().any():
-            _fail(path, f"column {column!r}, line {int(numbers.isna().to_numpy().nonzero()[0][0]) + 2}: "
+            _fail(path, f"column {column!r}, line {_first_line(numbers.isna())}: "
                         f"{frame[column][numbers.isna()].iloc[0]!r} is not a number")
         out[column] = numbers
     out["workers"] = out["workers"].astype(int)

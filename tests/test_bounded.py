@@ -222,7 +222,7 @@ def test_a_typo_in_rack_stops_the_dry_run_naming_the_key(tmp_path):
 # the grid is made, so the dry run stops, naming the point, before anything starts.
 RACK_REFUSALS = [
     (["experiments", "oversubscription", "ratios"], [1000], "oversubscription/phub-o1000"),
-    (["rack", "max_link_mbit"], 2000, "cross_rack/alexnet-r1"),  # its PBox NICs at 1.25x: 2500 Mbit/s
+    (["rack", "max_link_mbit"], 2000, "cross_rack/alexnet-r1"),  # its PBox NICs at 2x: 4000 Mbit/s
     (["experiments", "cross_rack", "workers_per_rack"], 250, "cross_rack/alexnet-r2"),
 ]
 
