@@ -284,6 +284,18 @@ class Claim:
                 or not self.spread.straddles(float(self.ours), *band))
 
     @property
+    def limit(self) -> Union[Ceiling, Spread, None]:
+        """What makes a measured comparison not testable here: the ceiling, for a differ whose band
+        lies wholly beyond it, else the spread, where the repeats could move ours across the band's
+        edge; None when neither does."""
+        comparison = self.comparison
+        if comparison == DIFFER and not self.testable:
+            return self.ceiling
+        if comparison in (AGREE, DIFFER) and not self.resolvable:
+            return self.spread
+        return None
+
+    @property
     def verdict(self) -> str:
         if self.kind == "paper_only":
             return PAPER_ONLY
@@ -291,10 +303,7 @@ class Claim:
             return NO_DATA
         if self.basis == DERIVED_BASIS:
             return DERIVED
-        comparison = self.comparison or NO_DATA
-        if comparison in (AGREE, DIFFER) and not self.resolvable:
-            return NOT_TESTABLE
-        return NOT_TESTABLE if comparison == DIFFER and not self.testable else comparison
+        return NOT_TESTABLE if self.limit is not None else self.comparison or NO_DATA
 
     @property
     def measured(self) -> bool:
@@ -318,7 +327,7 @@ class Claim:
         if verdict == DIFFER:
             cause = self.full_cause
             parts.append("" if not cause else "Cause unknown." if cause == CAUSE_UNKNOWN else f"Cause: {cause}.")
-        if verdict == NOT_TESTABLE and not self.resolvable:
+        if verdict == NOT_TESTABLE and isinstance(self.limit, Spread):
             low, high = self.band
             parts.append(f"Not testable here: the repeats alone move this number by ±{fmt(self.spread.value, self.unit)} "
                          f"({self.spread.mechanism}), across an edge of the agreement band, "
@@ -350,8 +359,7 @@ class Claim:
             out.append("is derived but does not state how")
         if verdict == DIFFER and not self.full_cause:
             out.append(f"differs without a cause (a measured one or {CAUSE_UNKNOWN!r})")
-        limit = self.ceiling if self.resolvable else self.spread
-        if verdict == NOT_TESTABLE and not limit.mechanism.strip():
+        if verdict == NOT_TESTABLE and not self.limit.mechanism.strip():
             out.append("is not testable here without saying what sets its ceiling or spread")
         if self.evidence is not None and self.evidence.cpu_points and self.basis == MEASURED \
                 and verdict in (AGREE, DIFFER) and CPU_MARK not in self.reason:

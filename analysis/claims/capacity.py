@@ -36,7 +36,7 @@ def cost_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                       "known; because a PBox deployment costs at least what the sharded one does (it adds a "
                       "PBox per rack), the printed per-$ ratio is a lower bound of the throughput ratio, and "
                       "that bound is what is compared.",
-                 cause=ratio_causes(ratio, per_dollar), ceiling=ratio.ceiling(scaling_words(kept)),
+                 cause=ratio_causes(ratio, per_dollar), **ratio.limits(scaling_words(kept)),
                  evidence=runs.evidence("oversubscription", **where))]
     measured = over[(over["system"] == "phub") & (over["oversubscription"] == 2.0)]
     per_rack = (measured["workers"] / measured["racks"]).median() if len(measured) else NAN
@@ -73,7 +73,7 @@ def capacity_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                  "/ at 1 (the paper's PBox is flat far beyond 8)", 1.0, NAN if flat is None else flat,
                  why=why, note=f"Ours: exchanges/s per worker with compute removed, {widest} interface(s)."
                  if widest is not None else "",
-                 cause=ratio_causes(ratio, 1.0), ceiling=ratio.ceiling(),
+                 cause=ratio_causes(ratio, 1.0), **ratio.limits(),
                  evidence=runs.evidence("capacity", **where)),
            Claim(SECTION, "A PBox is capped by PCIe-to-cache transfers: ~1500 M cache-line transfers/s, of which "
                  "PHub uses 95%", 1500.0, None, "paper_only", unit=" M/s",

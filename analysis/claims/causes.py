@@ -127,6 +127,10 @@ class TimeRatio:
                  f"median, those of {self.bottom.label} within {self.bottom.half_range:.1%}")
         return Spread(scale * self.value * half, words)
 
+    def limits(self, mechanism: str = "") -> dict:
+        """A claim's `ceiling` and `spread` for this ratio (Claim(..., **ratio.limits(words)))."""
+        return dict(ceiling=self.ceiling(mechanism), spread=self.spread())
+
     def without(self, drop: Callable[[pd.DataFrame], pd.Series]) -> Optional[float]:
         """ours with the rows `drop` marks left out; None when a side would be left without rows."""
         top, bottom = (s.rows[~drop(s.rows)] for s in (self.top, self.bottom))

@@ -68,7 +68,7 @@ def chunk_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          f"Outside the paper's sweep ({_kb(curve.index[0])}–{_kb(curve.index[-1])}).",
                          note=f"Ours swept {int(ours_sizes[size])} B chunks; the paper's value {how}.",
                          cause=ratio_causes(ratio, paper_value) if not math.isnan(paper_value) else "",
-                         ceiling=ratio.ceiling(),
+                         **ratio.limits(),
                          evidence=runs.evidence("chunk_sweep", system="phub", chunk_bytes=int(ours_sizes[size]))))
     return out
 
@@ -113,7 +113,7 @@ def breakdown_claims(runs: Runs, ref: Dict[str, Table], software_cost: Optional[
                          why=why if ratio else "Needs breakdown runs of phub and pslite for this model.",
                          note="Paper values chart-read.", cause=ratio_causes(ratio, paper_ratio),
                          evidence=runs.evidence("breakdown", **where),
-                         ceiling=ratio.ceiling(scaling_words(base.rows)) if ratio else None))
+                         **(ratio.limits(scaling_words(base.rows)) if ratio else {})))
         paper_share = float(1 - before.loc[before["component"] == "compute", "seconds"].sum() / before["seconds"].sum())
         share = NAN
         measured = stock_cpu_over_compute(software_cost, ref, model)

@@ -49,7 +49,8 @@ def speedup_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                              f"best model: {p.idxmax()})", paper_best, value, unit="x", why=why, note=note,
                              cause=ratio_causes(ratios.get(mine_best), paper_best),
                              evidence=runs.evidence("pbox", **where),
-                             ceiling=ceilings[top] if top else None))
+                             ceiling=ceilings[top] if top else None,
+                             spread=ratios[mine_best].spread() if mine_best in ratios else None))
     for setting, words in SETTING_WORDS.items():
         out.append(_ranking_claim(runs, paper[paper["network"] == setting], ours[ours["setting"] == setting],
                                   setting, words, differ))
@@ -73,7 +74,7 @@ def speedup_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
                          float(at_paper["speedup"].median()) if len(at_paper) else NAN, unit="x", why=why,
                          note="Paper value chart-read." if row.provenance == "chart-read" else "",
                          cause=ratio_causes(ratio, float(row.speedup)), evidence=runs.evidence("pbox", **where),
-                         ceiling=ratio.ceiling(scaling_words(ratio.top.rows))))
+                         **ratio.limits(scaling_words(ratio.top.rows))))
     return out
 
 

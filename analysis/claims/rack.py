@@ -45,9 +45,9 @@ def scaling_claims(runs: Runs, ref: Dict[str, Table]) -> List[Claim]:
         where = {"workers": top, **where}
         if ratio is not None and not cause:
             cause = ratio_causes(ratio, paper_value)
-        ceiling = ratio.ceiling(scaling_words(rows)) if ratio is not None else None
+        limits = ratio.limits(scaling_words(rows)) if ratio is not None else {}
         return Claim(SCALING, text, paper_value, value, kind, why=why if not missing else missing, note=note,
-                     cause=cause or CAUSE_UNKNOWN, ceiling=ceiling,
+                     cause=cause or CAUSE_UNKNOWN, **limits,
                      evidence=runs.evidence("scaling", **where))
 
     weakest_name = mine.drop("phub").idxmin() if "phub" in mine and len(mine) > 1 else None
