@@ -13,6 +13,7 @@ samples:
   servers, Gloo's ring segments);
 * `thread_role`: which role a thread's CPU belongs to (server, worker_io, worker_framework);
 * `cpu_by_role`: CPU seconds per role inside a time window, from per-thread CPU samples;
+  `busiest_thread_share`: how much of it each process's busiest thread did;
 * `category_of` / `breakdown`: the paper's breakdown (copies, aggregation, optimizer,
   synchronization, network stack, the rest) from `perf script` samples, by the code they hit;
 * `role_rows` / `breakdown_rows`: the tidy rows (the columns of `COLUMNS`).
@@ -37,7 +38,7 @@ COLUMNS = ("experiment", "system", "model", "workers", "servers", "cores", "mess
            "messages_per_exchange", "data_messages_per_exchange", "messages_source", "seconds_per_iteration",
            "iterations", "monitor_cpu_seconds_per_exchange", "compute_seconds_per_iteration", "repeat",
            "git_commit", "host", "cpu_model", "cpu_steal", "wait_seconds_per_exchange",
-           "machine_cores")
+           "machine_cores", "busiest_thread_share")
 
 GLOO_MAX_SEGMENT_BYTES = 1024 * 1024  # gloo's ring allreduce: at most this much per send (kMaxSegmentSize)
 # System calls a thread that waits for the network blocks in (x86-64 numbers): poll, select,
@@ -227,6 +228,27 @@ def cpu_by_role(traces: Iterable[ThreadTrace], system: str,
     return {role: (seconds[role], len(who[role])) for role in ROLES}
 
 
+def busiest_thread_share(traces: Iterable[ThreadTrace], system: str,
+                         window: Tuple[float, float]) -> Dict[str, float]:
+    """{role: the CPU of each process's busiest thread of that role inside `window`, summed over
+    the processes, over the role's CPU there}: 1 where each process does the role's work on one
+    thread, less where its other threads (ZeroMQ's I/O thread, MXNet's engine threads) take a
+    share of it beside the busiest; NaN for a role that used no CPU."""
+    start, end = window
+    per_thread: Dict[str, Dict[int, List[float]]] = {role: {} for role in ROLES}
+    for trace in traces:
+        used = cpu_at(trace.points, end) - cpu_at(trace.points, start)
+        if used <= 0:
+            continue
+        role = thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked)
+        per_thread[role].setdefault(trace.pid, []).append(used)
+    out = {}
+    for role, processes in per_thread.items():
+        total = sum(sum(used) for used in processes.values())
+        out[role] = sum(max(used) for used in processes.values()) / total if total > 0 else math.nan
+    return out
+
+
 def wait_by_role(traces: Iterable[ThreadTrace], system: str, window: Tuple[float, float]) -> Dict[str, float]:
     """{role: seconds its threads spent ready to run but waiting for a core inside `window`}
     (the run-queue wait: on a machine with fewer cores than runnable threads, the part of the
@@ -321,6 +343,7 @@ def _common(run: Mapping, block: Block) -> dict:
             "compute_seconds_per_iteration": run["compute_seconds_per_iteration"], "repeat": block.repeat,
             "git_commit": run["git_commit"], "host": run["host"], "cpu_model": run["cpu_model"],
             "cpu_steal": "" if block.cpu_steal is None else block.cpu_steal, "wait_seconds_per_exchange": "",
+            "busiest_thread_share": "",
             # the machine's cores (every process of the run shares them), not the workers' count
             "machine_cores": run.get("machine_cores", "")}
 
@@ -330,19 +353,22 @@ def _per(seconds: Optional[float], iterations: int):
 
 
 def role_rows(run: Mapping, block: Block, by_role: Mapping[str, Tuple[float, int]],
-              flows: Mapping[str, Traffic], waits: Optional[Mapping[str, float]] = None) -> List[dict]:
+              flows: Mapping[str, Traffic], waits: Optional[Mapping[str, float]] = None,
+              shares: Optional[Mapping[str, float]] = None) -> List[dict]:
     """The block's three role rows (`COLUMNS`). `run`: system, model, workers, servers, cores,
     message_setting, compute_seconds_per_iteration, git_commit, host, cpu_model (machine_cores if
-    known). `waits`: each
-    role's run-queue wait in the block (`wait_by_role`); without it the column stays empty."""
+    known). `waits`: each role's run-queue wait in the block (`wait_by_role`); `shares`: its
+    busiest threads' share of its CPU (`busiest_thread_share`); without them the columns stay empty."""
     rows = []
     for role in ROLES:
         seconds, count = by_role[role]
         flow = flows[role]
         wait = "" if waits is None else round(waits[role] / block.iterations, 6)
+        share = shares.get(role, math.nan) if shares is not None else math.nan
         rows.append(dict(_common(run, block), role=role, category="", processes=count,
                          cpu_seconds_per_exchange=round(seconds / block.iterations, 6),
                          wait_seconds_per_exchange=wait,
+                         busiest_thread_share="" if math.isnan(share) else round(share, 4),
                          message_bytes=flow.message_bytes, bytes_per_exchange=flow.bytes,
                          messages_per_exchange=flow.messages, data_messages_per_exchange=flow.data_messages,
                          messages_source="layout"))

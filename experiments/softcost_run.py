@@ -269,7 +269,8 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
         block = softcost.Block(row["repeat"], row["iterations"], row["seconds_per_iteration"], window,
                                None if rate is None else rate * (window[1] - window[0]), bound.get("cpu_steal"))
         role_rows += softcost.role_rows(run, block, softcost.cpu_by_role(traces, system, block.window), flows,
-                                        softcost.wait_by_role(traces, system, block.window))
+                                        softcost.wait_by_role(traces, system, block.window),
+                                        softcost.busiest_thread_share(traces, system, block.window))
         if breakdown:
             pids = {t.pid for t in traces}
             by_category = softcost.breakdown(lines, pids, block.window, PERF_PERIOD_NS / 1e9)

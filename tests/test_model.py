@@ -49,6 +49,17 @@ def test_cpu_bound_exchange_is_messages_times_the_per_message_cost_on_one_core()
     assert simulate(job, Machine(link_bytes_per_s=None, shared_cores=1), costs) == pytest.approx(expected)
 
 
+def test_work_off_the_busiest_thread_overlaps_the_next_messages():
+    # 10 chunks in 10 units, no links: the server receives and answers each, 1 ms of CPU a time.
+    # On one thread that is 20 ms; with half of it on the process's other threads the server's
+    # thread is busy 20 x 0.5 ms, and only the last answer's other half trails it.
+    job = _job(elements=(10 * 256,), forward=0.0, backward=0.0, workers=1, chunk_bytes=1024, groups=10)
+    machine = Machine(link_bytes_per_s=None)
+    assert simulate(job, machine, RoleCosts(server=Costs(per_message=1e-3))) == pytest.approx(0.020)
+    half = RoleCosts(server=Costs(per_message=1e-3, busiest_share=0.5))
+    assert simulate(job, machine, half) == pytest.approx(0.0105)
+
+
 def test_chunks_pipeline_through_four_hops():
     # n chunks in n units (groups = n): each crosses the worker's uplink, the PBox's downlink, its
     # uplink and the worker's downlink at equal rates; the last one is back after (n + 3) hops.
@@ -119,6 +130,15 @@ def _made_up_rows(truth):
     return pd.DataFrame(rows)
 
 
+def test_the_fit_takes_each_roles_median_busiest_thread_share_and_one_without_it():
+    costs = RoleCosts(Costs(3e-5, 2.5e-9), Costs(1e-5, 6e-10), Costs(5e-6, 8e-10))
+    rows = _made_up_rows({"phub": costs, "pslite-shard": costs})
+    assert all(c.busiest_share == 1.0 for c in vars(fitting.fit(rows)["pslite-shard"]).values())
+    rows["busiest_thread_share"] = rows["role"].map({"server": 0.4, "worker_io": 0.7, "worker_framework": 1.0})
+    fitted = fitting.fit(rows)["pslite-shard"]
+    assert (fitted.server.busiest_share, fitted.worker_io.busiest_share) == pytest.approx((0.4, 0.7))
+
+
 def test_the_fit_recovers_known_costs_from_made_up_rows():
     truth = {"phub": RoleCosts(Costs(4e-6, 3e-10), Costs(2e-6, 2e-10), Costs(1e-6, 1e-10)),
              "pslite-shard": RoleCosts(Costs(3e-5, 2.5e-9), Costs(1e-5, 6e-10), Costs(5e-6, 8e-10))}
@@ -155,7 +175,7 @@ def test_the_section_shows_errors_per_regime_costs_and_predictions_beside_the_pa
     phub = summary[(summary["regime"] == "emulated") & (summary["system"] == "phub")].iloc[0]
     assert (phub["median_abs_error"], phub["worst_abs_error"]) == pytest.approx((0.175, 0.3))
     costs = pd.DataFrame([{"system": "phub", "role": "server", "ns_per_byte": 0.3, "us_per_message": 4.0,
-                           "points": 6, "settings": "chunk32k, chunk4k", "median_fit_error": 0.01,
+                           "busiest_share": 0.8, "points": 6, "settings": "chunk32k, chunk4k", "median_fit_error": 0.01,
                            "worst_fit_error": 0.02}])
     predictions = pd.DataFrame([{"quantity": "speedup over stock MXNet", "model": "alexnet", "network": "cloud10g",
                                  "system": "PHub", "paper": 3.3, "predicted": 2.9, "low": 2.5, "high": 3.1,
@@ -163,7 +183,7 @@ def test_the_section_shows_errors_per_regime_costs_and_predictions_beside_the_pa
     text = render({}, costs, points, summary, predictions)
     assert "| emulated | phub | 2 | 18% | 30% | missed |" in text
     assert "| software_cost | pslite-shard | 1 | 5% | 5% | met |" in text
-    assert "| phub | server | 0.300 | 4.0 | 6 | chunk32k, chunk4k | 1% / 2% |" in text
+    assert "| phub | server | 0.300 | 4.0 | 80% | 6 | chunk32k, chunk4k | 1% / 2% |" in text
     assert "| speedup over stock MXNet | alexnet | cloud10g | PHub | 3.30 | 2.90 | 2.50 to 3.10 | 8.23 |" in text
     assert "ratios 0.5,1,2" in text
     empty = render({}, pd.DataFrame(), points, summary, pd.DataFrame())

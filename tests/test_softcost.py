@@ -123,6 +123,18 @@ def test_breakdown_counts_the_runs_samples_inside_the_window_only():
                    "network_stack": 0.0, "rest": 0.0}
 
 
+def test_the_busiest_threads_share_is_per_process_and_role():
+    traces = [_trace(10, 10, False, 0.6), _trace(10, 12, False, 0.2),  # a server: 0.6 of its 0.8 on one thread
+              _trace(20, 20, True, 0.2), _trace(20, 21, True, 0.5),  # worker 20: main and one I/O thread
+              _trace(30, 30, True, 0.3), _trace(30, 31, True, 0.4), _trace(30, 32, True, 0.1)]  # two I/O threads
+    got = softcost.busiest_thread_share(traces, "phub", (2.0, 6.0))
+    assert got["server"] == pytest.approx(0.75)
+    assert got["worker_framework"] == pytest.approx(1.0)  # the main thread, one per process
+    assert got["worker_io"] == pytest.approx((0.5 + 0.4) / (0.5 + 0.4 + 0.1))
+    idle = softcost.busiest_thread_share([_trace(10, 10, False, 0.0)], "phub", (2.0, 6.0))
+    assert all(math.isnan(v) for v in idle.values())
+
+
 def test_rows_carry_every_contract_column():
     model = _model(250_000)
     flows = softcost.traffic(model, "phub", 2, 1, softcost.Setting("chunk32k", chunk_bytes=32768))
@@ -163,6 +175,8 @@ def test_a_real_run_gives_consistent_rows(system, setting):
     by_role = {r["role"]: r for r in roles}
     assert all(by_role[role]["cpu_seconds_per_exchange"] > 0 for role in softcost.ROLES)
     assert by_role["server"]["processes"] >= 1 and by_role["worker_framework"]["processes"] == 2
+    assert all(0 < by_role[role]["busiest_thread_share"] <= 1 for role in softcost.ROLES)
+    assert by_role["worker_framework"]["busiest_thread_share"] == 1  # the main thread, one per worker
     total = sum(r["cpu_seconds_per_exchange"] for r in roles)
     monitor = roles[0]["monitor_cpu_seconds_per_exchange"]
     assert math.isclose(total, monitor, rel_tol=CONSISTENT), (total, monitor)

@@ -10,7 +10,9 @@ fitted to them by least squares:
 over every model and both message settings at once (the medians of the repeats), with no
 intercept, both coefficients at least zero, and each row's residual taken relative to its value
 (so a small model's point weighs as much as a big one's). The two message settings are what
-separate the two coefficients: at a fixed model the bytes stay and the messages change.
+separate the two coefficients: at a fixed model the bytes stay and the messages change. Each
+`Costs` also carries the median share of the role's CPU its processes' busiest threads did
+(`busiest_share`, 1 where the rows do not record it).
 """
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ ROLES = ("server", "worker_io", "worker_framework")
 REQUIRED = ("experiment", "system", "model", "workers", "message_setting", "role", "cpu_seconds_per_exchange",
             "bytes_per_exchange", "messages_per_exchange", "seconds_per_iteration", "repeat")
 NUMERIC = ("workers", "cpu_seconds_per_exchange", "bytes_per_exchange", "messages_per_exchange",
-           "seconds_per_iteration", "wait_seconds_per_exchange", "machine_cores")
-# Optional: each role's run-queue wait per exchange (schedstat's 2nd field), recorded by runs
-# after it was added; older rows lack the column or leave it empty.
+           "seconds_per_iteration", "wait_seconds_per_exchange", "machine_cores", "busiest_thread_share")
+# Optional: each role's run-queue wait per exchange (schedstat's 2nd field) and its processes'
+# busiest threads' share of its CPU, recorded by runs after they were added; older rows lack the
+# columns or leave them empty (no wait recorded; the whole role on one thread).
 WAIT = "wait_seconds_per_exchange"
+SHARE = "busiest_thread_share"
 
 
 class SoftCostError(ValueError):
@@ -71,13 +75,14 @@ def role_points(softcost: pd.DataFrame) -> pd.DataFrame:
     """The medians of the repeats: one row per (system, model, message_setting, role); `wait`
     is NaN where the rows did not record the run-queue wait."""
     rows = softcost[softcost["role"].isin(ROLES)].copy()
-    if WAIT not in rows:
-        rows[WAIT] = float("nan")
+    for column in (WAIT, SHARE):
+        if column not in rows:
+            rows[column] = float("nan")
     keys = ["system", "model", "message_setting", "role"]
     return rows.groupby(keys).agg(
         cpu=("cpu_seconds_per_exchange", "median"), nbytes=("bytes_per_exchange", "median"),
         messages=("messages_per_exchange", "median"), seconds=("seconds_per_iteration", "median"),
-        workers=("workers", "first"), wait=(WAIT, "median")).reset_index()
+        workers=("workers", "first"), wait=(WAIT, "median"), share=(SHARE, "median")).reset_index()
 
 
 def machine_cores(softcost: pd.DataFrame, default: int) -> int:
@@ -109,7 +114,9 @@ def fit_one(points: pd.DataFrame) -> Costs:
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
     (per_byte, per_message), _ = nnls(design / scale, points["cpu"].to_numpy() * weight)
-    return Costs(per_message=float(per_message / scale[1]), per_byte=float(per_byte / scale[0]))
+    share = points["share"].median() if "share" in points else float("nan")
+    return Costs(per_message=float(per_message / scale[1]), per_byte=float(per_byte / scale[0]),
+                 busiest_share=1.0 if pd.isna(share) else float(min(max(share, 0.0), 1.0)))
 
 
 def fit(softcost: pd.DataFrame) -> Dict[str, RoleCosts]:
@@ -131,7 +138,8 @@ def fit_table(softcost: pd.DataFrame, fitted: Dict[str, RoleCosts]) -> pd.DataFr
         predicted = costs.per_byte * group["nbytes"] + costs.per_message * group["messages"]
         error = (predicted / group["cpu"] - 1).abs()
         rows.append({"system": system, "role": role, "ns_per_byte": costs.per_byte * 1e9,
-                     "us_per_message": costs.per_message * 1e6, "points": len(group),
+                     "us_per_message": costs.per_message * 1e6, "busiest_share": costs.busiest_share,
+                     "points": len(group),
                      "settings": ", ".join(sorted(group["message_setting"].unique())),
                      "median_fit_error": float(error.median()), "worst_fit_error": float(error.max())})
     return pd.DataFrame(rows)

@@ -63,9 +63,13 @@ MAX_PIECES = 16
 
 @dataclass(frozen=True)
 class Costs:
-    """CPU seconds (on this machine) of one role: per message sent or received, per payload byte."""
+    """CPU seconds (on this machine) of one role: per message sent or received, per payload byte.
+    `busiest_share`: the part of it a process's busiest thread of the role does, which holds the
+    role's thread; the rest runs after it on the process's other threads (ZeroMQ's I/O thread,
+    MXNet's engine), a core each but not the role's thread, so consecutive messages overlap it."""
     per_message: float = 0.0
     per_byte: float = 0.0
+    busiest_share: float = 1.0
 
     def seconds(self, messages: float, nbytes: float) -> float:
         return self.per_message * messages + self.per_byte * nbytes
@@ -228,6 +232,9 @@ class Iteration:
         self.stretch = {id(t): stretch.get("server", 1.0) for t in self.server_threads}
         self.stretch.update({id(t): stretch.get("worker_io", 1.0) for t in self.io_threads})
         self.stretch.update({id(t): stretch.get("worker_framework", 1.0) for t in self.main_threads})
+        self.share = {id(t): costs.server.busiest_share for t in self.server_threads}
+        self.share.update({id(t): costs.worker_io.busiest_share for t in self.io_threads})
+        self.share.update({id(t): costs.worker_framework.busiest_share for t in self.main_threads})
         self.units = units_of(job, len(self.servers), self.groups)
         # Messages per key part and worker, sent plus received, as the software-cost rows count
         # them (each role of a worker, and the server per worker): phub a push and its result;
@@ -236,19 +243,26 @@ class Iteration:
 
     # -- the pieces -----------------------------------------------------------------------------
     def cpu(self, thread: simpy.Resource, node: Node, seconds: float):
-        """A process: `seconds` of CPU on `thread` and one core of `node` (FIFO for both),
-        times the thread's role's measured stretch (`Machine.stretch`) where there is one."""
+        """A process: `seconds` of CPU on one core of `node`, times the thread's role's measured
+        stretch (`Machine.stretch`) where there is one; the role's busiest-thread share of it
+        (`Costs.busiest_share`) also holds `thread` (FIFO for both), the rest follows on a core only."""
         if seconds <= 0:
             return
         seconds = seconds * self.stretch.get(id(thread), 1.0) / self.machine.cpu_speed
+        share = self.share.get(id(thread), 1.0)
         with thread.request() as held:
             yield held
-            if node.cores is None:
-                yield self.env.timeout(seconds)
-                return
-            with node.cores.request() as core:
-                yield core
-                yield self.env.timeout(seconds)
+            yield from self._on_core(node, seconds * share)
+        if share < 1:
+            yield from self._on_core(node, seconds * (1 - share))
+
+    def _on_core(self, node: Node, seconds: float):
+        if node.cores is None:
+            yield self.env.timeout(seconds)
+            return
+        with node.cores.request() as core:
+            yield core
+            yield self.env.timeout(seconds)
 
     def send(self, src: Node, dst: Node, nbytes: float) -> simpy.Event:
         """An event that fires once `nbytes` have crossed src's uplink and dst's downlink."""

@@ -183,7 +183,9 @@ def render(fitted, costs: pd.DataFrame, points: pd.DataFrame, summary: pd.DataFr
            "A discrete-event replay (SimPy) of one iteration: each layer's backward releases its "
            "gradient, its messages cross each link at the link's rate, each message and byte costs "
            "its node's CPU (fitted per system and role from the software-cost rows: "
-           "CPU = per byte x bytes + per message x messages, one pair per role, no per-point factor), "
+           "CPU = per byte x bytes + per message x messages, one pair per role, no per-point factor; "
+           "the share of it each process's busiest thread of the role did, as measured there, holds "
+           "the role's thread, the rest follows on the process's other threads), "
            "the servers aggregate and update, the weights go back and the next forward waits for them. "
            "This machine is modelled with every node sharing its 2 cores and the links at the rate "
            "the rack measured; the software-cost points (loopback) with no link limit, since moving "
@@ -196,9 +198,10 @@ def render(fitted, costs: pd.DataFrame, points: pd.DataFrame, summary: pd.DataFr
                 "is derived.", ""]
     else:
         out += ["### Fitted costs (this machine)", "",
-                _table(["system", "role", "ns per byte", "µs per message", "points", "settings",
-                        "fit error median / worst"],
-                       [[r.system, r.role, _number(r.ns_per_byte, 3), _number(r.us_per_message, 1), r.points,
+                _table(["system", "role", "ns per byte", "µs per message", "busiest thread's share", "points",
+                        "settings", "fit error median / worst"],
+                       [[r.system, r.role, _number(r.ns_per_byte, 3), _number(r.us_per_message, 1),
+                         _percent(r.busiest_share), r.points,
                          r.settings, f"{_percent(r.median_fit_error)} / {_percent(r.worst_fit_error)}"]
                         for r in costs.itertuples()]), ""]
     out += ["### Validation on this run", "",
