@@ -1,9 +1,9 @@
 """Every system under test (phub and its real baselines) on loopback, checked against one oracle.
 
 The integration tests start real processes: phub servers, MXNet 1.9.1 ps-lite schedulers,
-servers and workers, torch gloo workers. Each worker checks its weights after every exchange
-against the closed-form NAG oracle (experiments.replay), so `verified` can only be true when
-every system computed the right weights.
+servers and workers, torch gloo workers. Each worker checks its weights against the closed-form
+NAG oracle (experiments.replay: after each warm-up exchange and after the last), so `verified` can
+only be true when every system computed the right weights.
 """
 import json
 import subprocess
@@ -160,11 +160,33 @@ class _LocalNAG(WorkerSystem):
         return self.w[key]
 
 
+class _WrongOnce(_LocalNAG):
+    """_LocalNAG whose `wrong`-th exchange (1-based) sums the gradient twice."""
+
+    def __init__(self, wrong):
+        super().__init__(1.0)
+        self.pushes, self.wrong = 0, wrong
+
+    def push(self, key):
+        self.pushes += key == 0
+        if self.pushes == self.wrong:
+            self.g[key] = 2 * self.g[key]
+        super().push(key)
+
+
 def test_oracle_accepts_right_weights_and_rejects_wrong_ones():
     model = load_model("synthetic:0.1")
     assert replay_run(_LocalNAG(1.0), model, "zero", iterations=3, warmup=0, verify=True)["verified"] is True
     with pytest.raises(SystemExit, match="differ from the oracle"):
         replay_run(_LocalNAG(1.001), model, "zero", iterations=3, warmup=0, verify=True)
+    # a warm-up exchange is caught as it lands; a timed one by the check after the last exchange
+    with pytest.raises(SystemExit, match="after exchange 1,"):
+        replay_run(_WrongOnce(1), model, "zero", iterations=3, warmup=2, verify=True)
+    with pytest.raises(SystemExit, match="after exchange 6,"):
+        replay_run(_WrongOnce(4), model, "zero", iterations=3, warmup=2, verify=True)
+    # and the timed iterations wait for no check, so their forward overlaps the exchange's tail
+    timed = replay_run(_LocalNAG(1.0), model, "zero", iterations=3, warmup=2, verify=True)
+    assert timed["checks"] == [[0.0, 0.0]] * 3
     assert bench_optimizer(4)["wd"] == 0.0  # see the NAG trap in the paper notes
 
 
