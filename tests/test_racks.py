@@ -85,3 +85,15 @@ def test_a_rack_count_whose_repeats_were_mostly_cpu_bound_is_not_judged():
     text = "\n".join(racks.report_lines(pd.DataFrame(rows)))
     assert "of 1 points. 1 CPU-bound here (alexnet at 2 racks:" in text
     assert text.rstrip().endswith("| cpu | CPU-bound here |")
+
+
+def test_a_full_link_on_saturated_cores_is_not_judged_either():
+    # the busiest link was full (wire), but the cores were 99% busy: the replay has no CPU
+    rows = [rack_row(repeat=r, seconds_per_iteration=0.0085, cpu_busy=0.3) for r in range(3)]
+    rows += [rack_row(racks=2, workers=4, repeat=r, seconds_per_iteration=0.05, bound="wire", cpu_busy=busy)
+             for r, busy in enumerate([0.99, 0.97, 0.5])]
+    table = racks.wire_rows(pd.DataFrame(rows))
+    assert list(table["cpu_bound"]) == [False, True]
+    assert "| wire | CPU-bound here |" in "\n".join(racks.report_lines(pd.DataFrame(rows)))
+    rows[-2]["cpu_busy"] = 0.6  # one repeat of three on saturated cores: judged
+    assert list(racks.wire_rows(pd.DataFrame(rows))["cpu_bound"]) == [False, False]
