@@ -176,7 +176,8 @@ def test_a_real_run_gives_consistent_rows(system, setting):
     assert all(by_role[role]["cpu_seconds_per_exchange"] > 0 for role in softcost.ROLES)
     assert by_role["server"]["processes"] >= 1 and by_role["worker_framework"]["processes"] == 2
     assert all(0 < by_role[role]["busiest_thread_share"] <= 1 for role in softcost.ROLES)
-    assert by_role["worker_framework"]["busiest_thread_share"] == 1  # the main thread, one per worker
+    if system == "phub":  # its framework is the main thread alone (MXNet's engine threads count there too)
+        assert by_role["worker_framework"]["busiest_thread_share"] == 1
     total = sum(r["cpu_seconds_per_exchange"] for r in roles)
     monitor = roles[0]["monitor_cpu_seconds_per_exchange"]
     assert math.isclose(total, monitor, rel_tol=CONSISTENT), (total, monitor)
