@@ -50,6 +50,9 @@ PERF_STOP_TIMEOUT = 30.0  # seconds perf may take to write its file after SIGINT
 BREAKDOWN_SYSTEMS = ("phub", "pshard", "pslite-central", "pslite-shard")  # PS systems whose code perf names
 DEFAULT_MODELS = ("resnet269", "inception-v3", "googlenet", "alexnet")  # the paper's breakdown chart's four
 DEFAULT_BLOCK_MB = 200.0
+# Warm-up exchanges before the first block, and at least 2 exchanges a block: with 1 of each, the
+# first block of ResNet-269 (one exchange) took 1.5 s of phub's server CPU and the second 0.42 s.
+WARMUP = 3
 
 
 class ThreadSampler:
@@ -232,7 +235,7 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
     """One (system, model, setting): (role rows, breakdown rows; empty without perf or for gloo).
     Blocks for the run; raises PHubError naming what failed."""
     loaded = load_model(model)
-    iterations = softcost.iterations_for(loaded, block_bytes)
+    iterations = softcost.iterations_for(loaded, block_bytes, least=2)
     options = Options(network="loopback", compute="zero", cores=cores, time_limit=time_limit,
                       chunk_bytes=setting.chunk_bytes or Options.chunk_bytes,
                       bigarray_bound=setting.bigarray_bound or Options.bigarray_bound)
@@ -242,10 +245,10 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
         with ThreadSampler() as sampler:
             if perf:
                 with perf:
-                    rows = run_exchanges(system, model, workers, iterations, 1, options=options, quiet=True,
+                    rows = run_exchanges(system, model, workers, iterations, WARMUP, options=options, quiet=True,
                                          repeats=repeats)
             else:
-                rows = run_exchanges(system, model, workers, iterations, 1, options=options, quiet=True,
+                rows = run_exchanges(system, model, workers, iterations, WARMUP, options=options, quiet=True,
                                      repeats=repeats)
         traces = sampler.traces()
         lines = perf.lines({t.pid for t in traces}) if perf else []
