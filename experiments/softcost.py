@@ -25,7 +25,7 @@ import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .models import Model
 
@@ -210,19 +210,24 @@ def block_window(windows: Sequence[Optional[Sequence[float]]]) -> Tuple[float, f
     return (statistics.fmean(w[0] for w in windows), statistics.fmean(w[1] for w in windows))
 
 
+def _busy_in(traces: Iterable[ThreadTrace], system: str,
+             window: Tuple[float, float]) -> Iterator[Tuple[ThreadTrace, str, float]]:
+    """(trace, its role, its CPU seconds inside `window`) for each thread that used CPU there."""
+    start, end = window
+    for trace in traces:
+        used = cpu_at(trace.points, end) - cpu_at(trace.points, start)
+        if used > 0:
+            yield trace, thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked), used
+
+
 def cpu_by_role(traces: Iterable[ThreadTrace], system: str,
                 window: Tuple[float, float]) -> Dict[str, Tuple[float, int]]:
     """{role: (CPU seconds inside `window`, processes or threads counted)}: servers count their
     processes, worker_io its threads, worker_framework the worker processes. A thread counts
     where it used CPU inside the window."""
-    start, end = window
     seconds = {role: 0.0 for role in ROLES}
     who: Dict[str, set] = {role: set() for role in ROLES}
-    for trace in traces:
-        used = cpu_at(trace.points, end) - cpu_at(trace.points, start)
-        if used <= 0:
-            continue
-        role = thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked)
+    for trace, role, used in _busy_in(traces, system, window):
         seconds[role] += used
         who[role].add(trace.tid if role == "worker_io" else trace.pid)
     return {role: (seconds[role], len(who[role])) for role in ROLES}
@@ -234,13 +239,8 @@ def busiest_thread_share(traces: Iterable[ThreadTrace], system: str,
     the processes, over the role's CPU there}: 1 where each process does the role's work on one
     thread, less where its other threads (ZeroMQ's I/O thread, MXNet's engine threads) take a
     share of it beside the busiest; NaN for a role that used no CPU."""
-    start, end = window
     per_thread: Dict[str, Dict[int, List[float]]] = {role: {} for role in ROLES}
-    for trace in traces:
-        used = cpu_at(trace.points, end) - cpu_at(trace.points, start)
-        if used <= 0:
-            continue
-        role = thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked)
+    for trace, role, used in _busy_in(traces, system, window):
         per_thread[role].setdefault(trace.pid, []).append(used)
     out = {}
     for role, processes in per_thread.items():
@@ -256,10 +256,9 @@ def wait_by_role(traces: Iterable[ThreadTrace], system: str, window: Tuple[float
     (traces made before it was recorded) count nothing."""
     start, end = window
     waited = {role: 0.0 for role in ROLES}
-    for trace in traces:
-        if not trace.waits or cpu_at(trace.points, end) - cpu_at(trace.points, start) <= 0:
+    for trace, role, _ in _busy_in(traces, system, window):
+        if not trace.waits:
             continue
-        role = thread_role(system, trace.is_worker, trace.pid == trace.tid, trace.name, trace.blocked)
         waited[role] += max(0.0, cpu_at(trace.waits, end) - cpu_at(trace.waits, start))
     return waited
 

@@ -20,6 +20,7 @@ each row carries the block's cpu_steal.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import select
@@ -242,14 +243,9 @@ def measure(system: str, model: str, setting: softcost.Setting, workers: int = 2
     breakdown = with_perf and system in BREAKDOWN_SYSTEMS
     with tempfile.TemporaryDirectory(prefix="phub-softcost-") as folder:
         perf = Perf(folder) if breakdown else None
-        with ThreadSampler() as sampler:
-            if perf:
-                with perf:
-                    rows = run_exchanges(system, model, workers, iterations, WARMUP, options=options, quiet=True,
-                                         repeats=repeats)
-            else:
-                rows = run_exchanges(system, model, workers, iterations, WARMUP, options=options, quiet=True,
-                                     repeats=repeats)
+        with ThreadSampler() as sampler, perf or contextlib.nullcontext():
+            rows = run_exchanges(system, model, workers, iterations, WARMUP, options=options, quiet=True,
+                                 repeats=repeats)
         traces = sampler.traces()
         lines = perf.lines({t.pid for t in traces}) if perf else []
     facts = facts or {"git_commit": git_commit(), "host": platform.node(), "cpu_model": cpu_model(),

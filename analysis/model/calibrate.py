@@ -114,7 +114,7 @@ def fit_one(points: pd.DataFrame) -> Costs:
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
     (per_byte, per_message), _ = nnls(design / scale, points["cpu"].to_numpy() * weight)
-    share = points["share"].median() if "share" in points else float("nan")
+    share = points["share"].median()  # role_points: NaN where the rows did not record it
     return Costs(per_message=float(per_message / scale[1]), per_byte=float(per_byte / scale[0]),
                  busiest_share=1.0 if pd.isna(share) else float(min(max(share, 0.0), 1.0)))
 
